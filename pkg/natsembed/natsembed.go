@@ -1,0 +1,90 @@
+// Package natsembed runs an in-process NATS server with JetStream. `xiaoclaw
+// dev` uses it so a laptop needs no external service, and tests use it for a
+// real bus on a random loopback port.
+package natsembed
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+)
+
+// Config of an embedded server.
+type Config struct {
+	// Host and Port to listen on; Port 0 picks a free port, -1 listens nowhere
+	// (in-process connections only). Host defaults to 127.0.0.1.
+	Host string
+	Port int
+	// StoreDir holds JetStream data; required.
+	StoreDir string
+	// ServerName shows in monitoring; defaults to "xiaoclaw-dev".
+	ServerName string
+}
+
+// Server is a running embedded NATS server.
+type Server struct {
+	ns *server.Server
+}
+
+// Start starts the server and waits until it accepts connections.
+func Start(cfg Config) (*Server, error) {
+	if cfg.StoreDir == "" {
+		return nil, fmt.Errorf("natsembed: StoreDir is required")
+	}
+	if cfg.Host == "" {
+		cfg.Host = "127.0.0.1"
+	}
+	if cfg.ServerName == "" {
+		cfg.ServerName = "xiaoclaw-dev"
+	}
+	port := cfg.Port
+	if port == 0 {
+		port = server.RANDOM_PORT
+	}
+	opts := &server.Options{
+		ServerName: cfg.ServerName,
+		Host:       cfg.Host,
+		Port:       port,
+		DontListen: cfg.Port == -1,
+		JetStream:  true,
+		StoreDir:   cfg.StoreDir,
+		NoSigs:     true,
+		NoLog:      true,
+		MaxPayload: 8 << 20,
+	}
+	ns, err := server.NewServer(opts)
+	if err != nil {
+		return nil, fmt.Errorf("natsembed: %w", err)
+	}
+	go ns.Start()
+	if !ns.ReadyForConnections(10 * time.Second) {
+		ns.Shutdown()
+		return nil, fmt.Errorf("natsembed: server not ready within 10s")
+	}
+	return &Server{ns: ns}, nil
+}
+
+// ClientURL is the nats:// URL of the server (empty when it does not listen).
+func (s *Server) ClientURL() string {
+	if s.ns.Addr() == nil {
+		return ""
+	}
+	return s.ns.ClientURL()
+}
+
+// Connect opens a client connection; in-process when the server does not listen.
+func (s *Server) Connect(name string, opts ...nats.Option) (*nats.Conn, error) {
+	opts = append([]nats.Option{nats.Name(name), nats.MaxReconnects(-1)}, opts...)
+	if s.ns.Addr() == nil {
+		opts = append(opts, nats.InProcessServer(s.ns))
+	}
+	return nats.Connect(s.ClientURL(), opts...)
+}
+
+// Shutdown stops the server and waits for it to finish.
+func (s *Server) Shutdown() {
+	s.ns.Shutdown()
+	s.ns.WaitForShutdown()
+}
