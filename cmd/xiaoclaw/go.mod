@@ -2,11 +2,11 @@ module github.com/xiaoclaw/xiaoclaw/cmd/xiaoclaw
 
 go 1.26.0
 
+require github.com/spf13/cobra v1.10.2
+
 require (
-	github.com/xiaoclaw/xiaoclaw v0.0.0
-	github.com/xiaoclaw/xiaoclaw/services/devicehub v0.0.0
-	github.com/xiaoclaw/xiaoclaw/services/gateway v0.0.0
-	github.com/xiaoclaw/xiaoclaw/services/shim v0.0.0
+	github.com/inconshreveable/mousetrap v1.1.0 // indirect
+	github.com/spf13/pflag v1.0.9 // indirect
 )
 
 replace (
