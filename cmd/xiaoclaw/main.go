@@ -3,21 +3,47 @@
 package main
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"io"
 	"os"
 
 	"github.com/spf13/cobra"
 )
 
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
 func main() {
+	os.Exit(run(context.Background(), os.Args[1:], os.Getenv, os.Stdout, os.Stderr))
+}
+
+// run executes the CLI and returns the process exit code.
+func run(ctx context.Context, args []string, env func(string) string, stdout, stderr io.Writer) int {
+	root := newRoot(env, stdout)
+	root.SetArgs(args)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	if err := root.ExecuteContext(ctx); err != nil {
+		fmt.Fprintln(stderr, "xiaoclaw:", err)
+		var ee *exitError
+		if errors.As(err, &ee) {
+			return ee.code
+		}
+		return exitUsage
+	}
+	return exitOK
+}
+
+func newRoot(env func(string) string, stdout io.Writer) *cobra.Command {
 	root := &cobra.Command{
 		Use:           "xiaoclaw",
 		Short:         "xiaoclaw: MCP tools of voice devices on an OpenClaw node.invoke bus",
+		Version:       version,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	if err := root.Execute(); err != nil {
-		fmt.Fprintln(os.Stderr, "xiaoclaw:", err)
-		os.Exit(1)
-	}
+	root.AddCommand(operatorCommands(env, stdout)...)
+	return root
 }
