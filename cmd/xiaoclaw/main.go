@@ -45,5 +45,6 @@ func newRoot(env func(string) string, stdout io.Writer) *cobra.Command {
 		SilenceErrors: true,
 	}
 	root.AddCommand(operatorCommands(env, stdout)...)
+	root.AddCommand(loadCommand(env, stdout))
 	return root
 }
