@@ -1,0 +1,148 @@
+package shim
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
+	"github.com/xiaoclaw/xiaoclaw/services/shim/internal/translate"
+)
+
+// onInvoke takes a node.invoke request off the subscription and runs it on
+// its own goroutine, so one slow device never holds up the others.
+func (s *Service) onInvoke(msg *nats.Msg) {
+	if len(msg.Data) > s.cfg.MaxRequestBytes {
+		s.respond(msg, nil, &wire.Fault{Code: wire.FaultTooLarge, Message: "node.invoke request exceeds " + strconv.Itoa(s.cfg.MaxRequestBytes) + " bytes"})
+		return
+	}
+	select {
+	case s.sem <- struct{}{}:
+	default:
+		s.respond(msg, nil, &wire.Fault{Code: wire.FaultBusy, Message: "shim has too many invokes in flight"})
+		return
+	}
+	s.inflight.Add(1)
+	go func() {
+		defer func() {
+			<-s.sem
+			s.inflight.Done()
+		}()
+		payload, fault := s.invoke(msg)
+		s.respond(msg, payload, fault)
+	}()
+}
+
+// deadline is the invoke's deadline: the caller's remaining time capped at
+// MaxTimeout, or DefaultTimeout when the caller sent none.
+func (s *Service) deadline(h nats.Header) time.Time {
+	if h.Get(wire.HeaderTimeout) == "" {
+		return time.Now().Add(s.cfg.DefaultTimeout)
+	}
+	return wire.Deadline(h, s.cfg.MaxTimeout)
+}
+
+// invoke runs one node.invoke: decode, find the node, translate, one request
+// to the device's hub, map the answer.
+func (s *Service) invoke(msg *nats.Msg) (json.RawMessage, *wire.Fault) {
+	deadline := s.deadline(msg.Header)
+	tenant, ok := wire.TenantFromSubject(msg.Subject)
+	if !ok {
+		return nil, &wire.Fault{Code: wire.FaultInvalidRequest, Message: "invalid tenant"}
+	}
+	var req wire.InvokeRequest
+	if err := json.Unmarshal(msg.Data, &req); err != nil {
+		return nil, &wire.Fault{Code: wire.FaultInvalidRequest, Message: "node.invoke request is not valid JSON"}
+	}
+	if req.Command == "" {
+		return nil, &wire.Fault{Code: wire.FaultInvalidRequest, Message: "command is required"}
+	}
+	node, ok := s.reg.Lookup(tenant, req.NodeID)
+	if !ok {
+		ctx, cancel := context.WithDeadline(context.Background(), deadline)
+		n, found, err := s.reg.Fetch(ctx, tenant, req.NodeID)
+		cancel()
+		if err != nil {
+			return nil, &wire.Fault{Code: wire.FaultUnavailable, Message: "node registry unavailable"}
+		}
+		if !found {
+			return nil, &wire.Fault{Code: wire.FaultInvalidRequest, Message: "unknown nodeId"}
+		}
+		node = n
+	}
+	rec := &node.Record
+	if !slices.Contains(rec.Commands, req.Command) {
+		return nil, &wire.Fault{Code: wire.FaultInvalidRequest, Message: "command not declared by node: " + req.Command}
+	}
+	call, fault := translate.Prepare(req.Command, req.Params, translate.Target{Catalog: node.Catalog, Board: rec.ModelIdentifier})
+	if fault != nil {
+		return nil, fault
+	}
+
+	out := &nats.Msg{Subject: wire.DeviceRPC(tenant, rec.Device), Header: make(nats.Header, 4), Data: call.Request}
+	out.Header[wire.HeaderTenant] = []string{tenant}
+	// Request id, principal and trace context travel on to the hub.
+	for _, k := range [...]string{wire.HeaderRequestID, wire.HeaderPrincipal, "traceparent", "tracestate"} {
+		if v, ok := msg.Header[k]; ok {
+			out.Header[k] = v
+		}
+	}
+	wire.SetTimeout(out.Header, deadline)
+	wait := time.Until(deadline)
+	if wait <= 0 {
+		return nil, timeoutFault()
+	}
+	reply, err := s.nc.RequestMsg(out, wait)
+	switch {
+	case err == nil:
+	case errors.Is(err, nats.ErrNoResponders):
+		// No hub holds the device: it is offline whatever the record says.
+		go s.reg.MarkUnreachable(context.Background(), tenant, rec.NodeID, rec.Owner, rec.SessionID)
+		return nil, &wire.Fault{Code: wire.FaultNotConnected, Message: "node not connected"}
+	case errors.Is(err, nats.ErrTimeout), errors.Is(err, context.DeadlineExceeded):
+		return nil, timeoutFault()
+	default:
+		s.log.Warn("device request failed", "tenant", tenant, "node", rec.NodeID, "err", err)
+		return nil, &wire.Fault{Code: wire.FaultUnavailable, Message: "could not reach the device's hub"}
+	}
+	payload, fault := call.Reply(reply.Header.Get(wire.HeaderFault), reply.Data)
+	if fault != nil && s.log.Enabled(context.Background(), slog.LevelDebug) {
+		s.log.Debug("invoke failed", "tenant", tenant, "node", rec.NodeID, "command", req.Command, "tool", call.Tool, "code", fault.Code, "message", fault.Message)
+	}
+	return payload, fault
+}
+
+// timeoutFault is what OpenClaw reports when a node does not answer in time.
+func timeoutFault() *wire.Fault {
+	return &wire.Fault{Code: wire.FaultTimeout, Message: "node invoke timed out"}
+}
+
+// respond sends the InvokeReply. A successful payload is spliced in as raw
+// bytes instead of going through the encoder again.
+func (s *Service) respond(msg *nats.Msg, payload json.RawMessage, fault *wire.Fault) {
+	if msg.Reply == "" {
+		return
+	}
+	var data []byte
+	if fault == nil {
+		data = make([]byte, 0, len(payload)+len(`{"ok":true,"payload":}`))
+		data = append(data, `{"ok":true,"payload":`...)
+		data = append(data, payload...)
+		data = append(data, '}')
+	} else {
+		var err error
+		data, err = json.Marshal(wire.InvokeReply{OK: false, Error: fault})
+		if err != nil {
+			data = []byte(`{"ok":false,"error":{"code":"UNAVAILABLE","message":"could not encode the fault"}}`)
+		}
+	}
+	if err := msg.Respond(data); err != nil {
+		s.log.Warn("could not answer node.invoke", "err", err)
+	}
+}
