@@ -1,0 +1,50 @@
+package gateway
+
+import (
+	"context"
+	"time"
+
+	"github.com/xiaoclaw/xiaoclaw/pkg/access"
+)
+
+// Outcomes of a node.invoke, as the Auditor sees them.
+const (
+	OutcomeOK       = "ok"       // the node answered with a result
+	OutcomeError    = "error"    // the node or the path to it failed
+	OutcomeTimeout  = "timeout"  // the deadline passed
+	OutcomeDenied   = "denied"   // the policy refused the call
+	OutcomeRejected = "rejected" // refused before any policy question: bad params, unknown or offline node, undeclared command
+)
+
+// InvokeAudit describes one node.invoke.
+type InvokeAudit struct {
+	Time      time.Time // when the request arrived
+	Instance  string    // gateway replica
+	RequestID string    // the operator's request id
+	Principal access.Principal
+	NodeID    string
+	NodeKind  string // wire.NodeKindXiaoZhi or wire.NodeKindOpenClaw, "" if unknown
+	Command   string
+	Tool      string // MCP tool name of mcp.tools.call, else ""
+	// Decision is the Authorizer's answer; zero when the call was refused
+	// before the Authorizer was asked.
+	Decision       access.Decision
+	Outcome        string
+	ErrorCode      string // details.code or the node's error code, else the ErrorShape code
+	IdempotencyKey string
+	Replayed       bool // answered from an earlier call with the same idempotency key
+	Latency        time.Duration
+}
+
+// Auditor is told about every node.invoke once, just before the operator
+// gets the answer. It runs on the invoke path: keep it fast (enqueue, do not
+// write to a database inline).
+type Auditor interface {
+	AuditInvoke(ctx context.Context, a InvokeAudit)
+}
+
+// NopAuditor discards audit records.
+type NopAuditor struct{}
+
+// AuditInvoke does nothing.
+func (NopAuditor) AuditInvoke(context.Context, InvokeAudit) {}

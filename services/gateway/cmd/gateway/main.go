@@ -1,0 +1,174 @@
+// Command gateway runs one xiaoclaw gateway replica: the OpenClaw-compatible
+// WebSocket gateway for operators and OpenClaw node hosts.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/xiaoclaw/xiaoclaw/pkg/access"
+	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
+	"github.com/xiaoclaw/xiaoclaw/services/gateway"
+)
+
+func main() {
+	if err := run(os.Args[1:]); err != nil {
+		fmt.Fprintln(os.Stderr, "gateway:", err)
+		os.Exit(1)
+	}
+}
+
+// tokenList collects repeated --operator-token values.
+type tokenList []string
+
+func (t *tokenList) String() string { return strings.Join(*t, ",") }
+func (t *tokenList) Set(v string) error {
+	*t = append(*t, v)
+	return nil
+}
+
+func env(name, def string) string {
+	if v, ok := os.LookupEnv("XIAOCLAW_" + name); ok && v != "" {
+		return v
+	}
+	return def
+}
+
+func run(args []string) error {
+	host, _ := os.Hostname()
+	fs := flag.NewFlagSet("gateway", flag.ContinueOnError)
+	natsURL := fs.String("nats-url", env("NATS_URL", nats.DefaultURL), "NATS server URL (env XIAOCLAW_NATS_URL)")
+	addr := fs.String("addr", env("ADDR", "127.0.0.1:18789"), "WebSocket listen address (env XIAOCLAW_ADDR)")
+	opsAddr := fs.String("ops-addr", env("OPS_ADDR", ":9090"), "ops listen address for /healthz and /readyz (env XIAOCLAW_OPS_ADDR)")
+	instance := fs.String("instance", env("INSTANCE", host), "replica name, stable across restarts (env XIAOCLAW_INSTANCE)")
+	logLevel := fs.String("log-level", env("LOG_LEVEL", "info"), "debug, info, warn or error (env XIAOCLAW_LOG_LEVEL)")
+	logFormat := fs.String("log-format", env("LOG_FORMAT", "json"), "json or text (env XIAOCLAW_LOG_FORMAT)")
+	handshake := fs.Duration("handshake-timeout", 15*time.Second, "close sockets that do not complete connect in time")
+	maxInvoke := fs.Duration("max-invoke-timeout", 300*time.Second, "cap of any node.invoke timeoutMs")
+	var tokens tokenList
+	fs.Var(&tokens, "operator-token", "static operator token TENANT=TOKEN or TENANT:ROLE=TOKEN (role admin, operator or viewer; default admin); repeatable (env XIAOCLAW_OPERATOR_TOKEN, comma-separated)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if len(tokens) == 0 {
+		if v := env("OPERATOR_TOKEN", ""); v != "" {
+			tokens = strings.Split(v, ",")
+		}
+	}
+
+	log, err := newLogger(*logLevel, *logFormat)
+	if err != nil {
+		return err
+	}
+	auth, err := parseTokens(tokens)
+	if err != nil {
+		return err
+	}
+	if len(auth) == 0 {
+		return errors.New("no operator token: pass --operator-token TENANT=TOKEN")
+	}
+
+	nc, err := nats.Connect(*natsURL, nats.Name("xiaoclaw-gateway "+*instance), nats.MaxReconnects(-1),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { log.Warn("NATS disconnected", "err", err) }),
+		nats.ReconnectHandler(func(c *nats.Conn) { log.Info("NATS reconnected", "url", c.ConnectedUrl()) }))
+	if err != nil {
+		return fmt.Errorf("connect NATS %s: %w", *natsURL, err)
+	}
+	defer nc.Close()
+
+	svc, err := gateway.New(gateway.Config{
+		Addr:             *addr,
+		Instance:         *instance,
+		Auth:             auth,
+		HandshakeTimeout: *handshake,
+		MaxInvokeTimeout: *maxInvoke,
+	}, nc, log)
+	if err != nil {
+		return err
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+
+	ops := &http.Server{Addr: *opsAddr, Handler: opsHandler(svc), ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		if err := ops.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("ops server", "err", err)
+		}
+	}()
+	defer ops.Close()
+
+	log.Info("gateway starting", "addr", svc.Addr(), "ops", *opsAddr, "nats", *natsURL)
+	return svc.Run(ctx)
+}
+
+func opsHandler(svc *gateway.Service) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if err := svc.CheckReady(); err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ready\n"))
+	})
+	return mux
+}
+
+// parseTokens reads TENANT=TOKEN and TENANT:ROLE=TOKEN entries.
+func parseTokens(entries []string) (access.StaticTokens, error) {
+	out := access.StaticTokens{}
+	for _, e := range entries {
+		e = strings.TrimSpace(e)
+		if e == "" {
+			continue
+		}
+		who, token, ok := strings.Cut(e, "=")
+		if !ok || token == "" {
+			return nil, fmt.Errorf("--operator-token %q: want TENANT=TOKEN", e)
+		}
+		tenant, role, hasRole := strings.Cut(who, ":")
+		if !hasRole {
+			role = access.RoleAdmin
+		}
+		if err := wire.ValidTenant(tenant); err != nil {
+			return nil, fmt.Errorf("--operator-token: %w", err)
+		}
+		switch role {
+		case access.RoleAdmin, access.RoleOperator, access.RoleViewer:
+		default:
+			return nil, fmt.Errorf("--operator-token: unknown role %q", role)
+		}
+		if _, dup := out[token]; dup {
+			return nil, errors.New("--operator-token: the same token is given twice")
+		}
+		out[token] = access.Principal{Tenant: tenant, ID: "static:" + tenant + ":" + role, Name: "static " + role + " token of " + tenant, Role: role}
+	}
+	return out, nil
+}
+
+func newLogger(level, format string) (*slog.Logger, error) {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("--log-level: %w", err)
+	}
+	opts := &slog.HandlerOptions{Level: lv}
+	switch format {
+	case "json":
+		return slog.New(slog.NewJSONHandler(os.Stderr, opts)), nil
+	case "text":
+		return slog.New(slog.NewTextHandler(os.Stderr, opts)), nil
+	}
+	return nil, fmt.Errorf("--log-format %q: want json or text", format)
+}

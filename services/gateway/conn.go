@@ -1,0 +1,353 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"github.com/xiaoclaw/xiaoclaw/pkg/access"
+	"github.com/xiaoclaw/xiaoclaw/services/gateway/internal/protocol"
+)
+
+// outQueueLen bounds a connection's queue of unsent frames; a client that
+// lets it fill is a slow consumer and is disconnected.
+const outQueueLen = 1024
+
+// maxCloseReason is the longest close reason a close frame can carry.
+const maxCloseReason = 123
+
+// conn is one client WebSocket. A read loop (the HTTP handler goroutine)
+// parses and dispatches frames; one writer goroutine sends everything, so
+// NATS callbacks and invoke goroutines never block on a slow socket.
+type conn struct {
+	s        *Service
+	ws       *websocket.Conn
+	id       string // connId
+	remoteIP string
+	local    bool
+	nonce    string
+	ctx      context.Context
+	cancel   context.CancelFunc
+
+	out       chan outFrame
+	queued    atomic.Int64 // bytes queued and not yet written
+	closing   atomic.Bool  // a close was requested: queue no more frames
+	writeAt   atomic.Int64 // unix ns when the current write started, 0 when idle
+	writeDone chan struct{}
+	seq       atomic.Int64 // per-connection event sequence
+
+	// Set once at hello, read-only afterwards (published by helloDone).
+	helloDone atomic.Bool
+	protocol  int
+	role      string
+	principal access.Principal
+	scopes    scopeSet
+	nodeID    string // role node: the device id
+	nodeHost  *nodeHost
+	inflight  atomic.Int64
+
+	unauthorizedStreak int // read loop only
+}
+
+// outFrame is one queued frame, or a close request when close is set.
+type outFrame struct {
+	data   []byte
+	close  bool
+	code   websocket.StatusCode
+	reason string
+}
+
+// serveWebSocket accepts a client and runs its read loop.
+func (s *Service) serveWebSocket(w http.ResponseWriter, r *http.Request) {
+	if !strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
+		http.Error(w, "this is the xiaoclaw gateway: connect with an OpenClaw WebSocket client", http.StatusUpgradeRequired)
+		return
+	}
+	if s.draining.Load() {
+		http.Error(w, "gateway shutting down", http.StatusServiceUnavailable)
+		return
+	}
+	ws, err := websocket.Accept(w, r, &websocket.AcceptOptions{
+		OriginPatterns:  s.cfg.OriginPatterns,
+		CompressionMode: websocket.CompressionDisabled,
+	})
+	if err != nil {
+		s.log.Debug("websocket accept", "err", err)
+		return
+	}
+	// The pre-auth cap is enforced by the read loop with OpenClaw's close
+	// reason; the library limit is the post-hello cap.
+	ws.SetReadLimit(s.cfg.MaxPayload)
+	host, _, _ := net.SplitHostPort(r.RemoteAddr)
+	ip := net.ParseIP(host)
+	ctx, cancel := context.WithCancel(context.Background())
+	c := &conn{
+		s:         s,
+		ws:        ws,
+		id:        newUUID(),
+		remoteIP:  host,
+		local:     ip != nil && ip.IsLoopback(),
+		nonce:     newUUID(),
+		ctx:       ctx,
+		cancel:    cancel,
+		out:       make(chan outFrame, outQueueLen),
+		writeDone: make(chan struct{}),
+	}
+	s.mu.Lock()
+	if s.draining.Load() {
+		s.mu.Unlock()
+		cancel()
+		ws.Close(protocol.CloseServiceRestart, protocol.ReasonServiceRestart)
+		return
+	}
+	s.conns[c] = struct{}{}
+	s.connWG.Add(1)
+	s.mu.Unlock()
+	defer s.connWG.Done()
+
+	go c.writeLoop()
+	c.sendEvent(protocol.EventConnectChallenge, protocol.Challenge(c.nonce, time.Now().UnixMilli()))
+	handshake := time.AfterFunc(s.cfg.HandshakeTimeout, func() {
+		if !c.helloDone.Load() {
+			s.log.Debug("handshake timeout", "conn", c.id, "remote", c.remoteIP)
+			c.closeWith(protocol.CloseNoStatus, "")
+		}
+	})
+	c.readLoop()
+	handshake.Stop()
+	c.finish()
+}
+
+// readLoop reads frames until the socket ends or a close is requested.
+func (c *conn) readLoop() {
+	var buf bytes.Buffer
+	for !c.closing.Load() {
+		_, r, err := c.ws.Reader(c.ctx)
+		if err != nil {
+			return
+		}
+		buf.Reset()
+		if !c.helloDone.Load() {
+			n, err := buf.ReadFrom(io.LimitReader(r, protocol.MaxPreauthPayload+1))
+			if n > protocol.MaxPreauthPayload {
+				c.closeWith(protocol.CloseTooBig, protocol.ReasonPreauthTooLarge)
+				return
+			}
+			if err != nil {
+				return
+			}
+		} else if _, err := buf.ReadFrom(r); err != nil {
+			// Over MaxPayload the library has closed the socket with 1009.
+			return
+		}
+		c.handleFrame(buf.Bytes())
+		if buf.Cap() > 1<<20 {
+			buf = bytes.Buffer{} // do not pin a large frame's memory
+		}
+	}
+}
+
+// finish runs when the read loop ends: it stops the writer and releases
+// everything the connection held.
+func (c *conn) finish() {
+	if c.closing.Swap(true) {
+		// A close was requested: let the writer finish the close handshake.
+		t := time.NewTimer(6 * time.Second)
+		select {
+		case <-c.writeDone:
+		case <-t.C:
+		}
+		t.Stop()
+	}
+	c.cancel()
+	c.ws.CloseNow()
+	<-c.writeDone
+	s := c.s
+	s.mu.Lock()
+	delete(s.conns, c)
+	if c.role == protocol.RoleOperator && c.helloDone.Load() {
+		if set := s.operators[c.principal.Tenant]; set != nil {
+			delete(set, c)
+			if len(set) == 0 {
+				delete(s.operators, c.principal.Tenant)
+			}
+		}
+	}
+	s.mu.Unlock()
+	if c.nodeHost != nil {
+		s.detachNodeHost(c)
+	}
+}
+
+// writeLoop sends queued frames until a close request or the end of the
+// connection.
+func (c *conn) writeLoop() {
+	defer close(c.writeDone)
+	for {
+		select {
+		case <-c.ctx.Done():
+			return
+		case f := <-c.out:
+			if f.close {
+				c.writeAt.Store(time.Now().UnixNano())
+				_ = c.ws.Close(f.code, f.reason)
+				c.cancel()
+				return
+			}
+			c.writeAt.Store(time.Now().UnixNano())
+			err := c.ws.Write(c.ctx, websocket.MessageText, f.data)
+			c.writeAt.Store(0)
+			c.queued.Add(-int64(len(f.data)))
+			if err != nil {
+				c.cancel()
+				c.ws.CloseNow()
+				return
+			}
+		}
+	}
+}
+
+// send queues a frame. It never blocks: a client whose backlog exceeds the
+// limits is closed as a slow consumer. It reports whether the frame was
+// queued.
+func (c *conn) send(frame []byte) bool {
+	if c.closing.Load() {
+		return false
+	}
+	if c.queued.Add(int64(len(frame))) > c.s.cfg.MaxBufferedBytes {
+		c.queued.Add(-int64(len(frame)))
+		c.slowConsumer()
+		return false
+	}
+	select {
+	case c.out <- outFrame{data: frame}:
+		return true
+	default:
+		c.queued.Add(-int64(len(frame)))
+		c.slowConsumer()
+		return false
+	}
+}
+
+// slowConsumer drops a client that does not read its frames. It never
+// blocks: the socket write may be stuck, so the close runs on its own.
+func (c *conn) slowConsumer() {
+	if c.closing.Swap(true) {
+		return
+	}
+	c.s.log.Info("closing slow consumer", "conn", c.id, "remote", c.remoteIP)
+	go func() {
+		_ = c.ws.Close(protocol.ClosePolicyViolation, protocol.ReasonSlowConsumer)
+		c.cancel()
+	}()
+}
+
+// closeWith closes the connection after the frames queued before it.
+func (c *conn) closeWith(code int, reason string) {
+	if len(reason) > maxCloseReason {
+		reason = truncateUTF8(reason, maxCloseReason)
+	}
+	if c.closing.Swap(true) {
+		return
+	}
+	select {
+	case c.out <- outFrame{close: true, code: websocket.StatusCode(code), reason: reason}:
+	default:
+		c.cancel()
+		c.ws.CloseNow()
+	}
+}
+
+func truncateUTF8(s string, n int) string {
+	for n > 0 && n < len(s) && s[n]&0xc0 == 0x80 {
+		n--
+	}
+	return s[:n]
+}
+
+// respond queues a successful response.
+func (c *conn) respond(id string, payload []byte) {
+	c.send(protocol.AppendResponse(make([]byte, 0, len(payload)+len(id)+48), id, payload))
+}
+
+// respondError queues an error response.
+func (c *conn) respondError(id string, e *protocol.Error) {
+	c.send(protocol.AppendErrorResponse(make([]byte, 0, 128+len(e.Message)+len(e.Details)), id, e))
+}
+
+// sendEvent queues an event with the connection's next seq.
+func (c *conn) sendEvent(event string, payload []byte) bool {
+	seq := int64(protocol.NoSeq)
+	if event != protocol.EventConnectChallenge {
+		seq = c.seq.Add(1)
+	}
+	return c.send(protocol.AppendEvent(make([]byte, 0, len(payload)+len(event)+48), event, payload, seq))
+}
+
+// failHandshake answers the connect request and closes the socket.
+func (c *conn) failHandshake(id string, e *protocol.Error, code int, reason string) {
+	c.respondError(id, e)
+	c.closeWith(code, reason)
+}
+
+// newUUID returns a random RFC 4122 version 4 UUID.
+func newUUID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	var out [36]byte
+	hex.Encode(out[0:8], b[0:4])
+	out[8] = '-'
+	hex.Encode(out[9:13], b[4:6])
+	out[13] = '-'
+	hex.Encode(out[14:18], b[6:8])
+	out[18] = '-'
+	hex.Encode(out[19:23], b[8:10])
+	out[23] = '-'
+	hex.Encode(out[24:], b[10:])
+	return string(out[:])
+}
+
+// newID returns 16 random hex characters.
+func newID() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// tickLoop sends tick events and cuts connections whose socket write has
+// stalled for two tick intervals.
+func (s *Service) tickLoop(ctx context.Context) {
+	t := time.NewTicker(s.cfg.TickInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			payload := protocol.Tick(now.UnixMilli())
+			stall := now.Add(-2 * s.cfg.TickInterval).UnixNano()
+			s.mu.RLock()
+			for c := range s.conns {
+				if at := c.writeAt.Load(); at != 0 && at < stall {
+					go c.slowConsumer()
+					continue
+				}
+				if c.helloDone.Load() {
+					c.sendEvent(protocol.EventTick, payload)
+				}
+			}
+			s.mu.RUnlock()
+		}
+	}
+}

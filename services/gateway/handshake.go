@@ -1,0 +1,212 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"time"
+
+	"github.com/xiaoclaw/xiaoclaw/pkg/access"
+	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
+	"github.com/xiaoclaw/xiaoclaw/services/gateway/internal/protocol"
+)
+
+// scopeSet holds the operator scopes the gateway checks.
+type scopeSet uint8
+
+const (
+	scopeRead scopeSet = 1 << iota
+	scopeWrite
+	scopeAdmin
+)
+
+// allows reports whether the set satisfies required: admin satisfies
+// everything, write satisfies read.
+func (s scopeSet) allows(required string) bool {
+	if s&scopeAdmin != 0 {
+		return true
+	}
+	switch required {
+	case protocol.ScopeRead:
+		return s&(scopeRead|scopeWrite) != 0
+	case protocol.ScopeWrite:
+		return s&scopeWrite != 0
+	case "":
+		return true
+	}
+	return false
+}
+
+// grantScopes caps the requested scopes by the principal's role: an admin
+// gets every scope it asks for, an operator only operator.read and
+// operator.write, a viewer only operator.read. The order is the request's.
+func grantScopes(role string, requested []string) ([]string, scopeSet) {
+	granted := make([]string, 0, len(requested))
+	var set scopeSet
+	for _, sc := range requested {
+		ok := false
+		switch role {
+		case access.RoleAdmin:
+			ok = sc != ""
+		case access.RoleOperator:
+			ok = sc == protocol.ScopeRead || sc == protocol.ScopeWrite
+		case access.RoleViewer:
+			ok = sc == protocol.ScopeRead
+		}
+		if !ok || slices.Contains(granted, sc) {
+			continue
+		}
+		granted = append(granted, sc)
+		switch sc {
+		case protocol.ScopeRead:
+			set |= scopeRead
+		case protocol.ScopeWrite:
+			set |= scopeWrite
+		case protocol.ScopeAdmin:
+			set |= scopeAdmin
+		}
+	}
+	return granted, set
+}
+
+// handleConnect runs the connect handshake in OpenClaw's order: params,
+// protocol, role, token, device identity, then hello-ok.
+func (c *conn) handleConnect(req protocol.Request) {
+	p, why := protocol.ParseConnect(req.Params)
+	if p == nil {
+		msg := "invalid connect params: " + why
+		c.failHandshake(req.ID, protocol.InvalidRequest(msg), protocol.ClosePolicyViolation, msg)
+		return
+	}
+	proto, ok := protocol.Negotiate(*p.MinProtocol, *p.MaxProtocol)
+	if !ok {
+		c.failHandshake(req.ID, protocol.ProtocolMismatch(*p.MinProtocol, *p.MaxProtocol),
+			protocol.CloseProtocolError, protocol.ReasonProtocolMismatch)
+		return
+	}
+	role := p.RoleOrDefault()
+	if role != protocol.RoleOperator && role != protocol.RoleNode {
+		c.failHandshake(req.ID, protocol.InvalidRole(), protocol.ClosePolicyViolation, protocol.ReasonInvalidRole)
+		return
+	}
+	scopes := p.ScopesOrEmpty()
+
+	authClient := protocol.AuthClient{
+		ID: protocol.Str(p.Client.ID), Mode: protocol.Str(p.Client.Mode), Local: c.local, Device: p.Device != nil,
+	}
+	token := ""
+	if p.Auth != nil {
+		token = protocol.Str(p.Auth.Token)
+		authClient.HasToken = token != ""
+		authClient.HasDevTk = protocol.Str(p.Auth.DeviceToken) != ""
+	}
+	rejectAuth := func(reason string) {
+		e := protocol.AuthFailed(reason, authClient)
+		if reason == protocol.AuthUnavailable {
+			e.Retryable = true
+		}
+		c.s.log.Info("connect unauthorized", "conn", c.id, "remote", c.remoteIP, "client", authClient.ID, "reason", reason)
+		c.failHandshake(req.ID, e, protocol.ClosePolicyViolation, e.Message)
+	}
+	if token == "" {
+		if authClient.HasDevTk {
+			// xiaoclaw issues no device tokens, so none can match.
+			rejectAuth(protocol.AuthDeviceTokenInvalid)
+		} else {
+			rejectAuth(protocol.AuthTokenMissing)
+		}
+		return
+	}
+	actx, cancel := context.WithTimeout(c.ctx, 10*time.Second)
+	principal, err := c.s.cfg.Auth.AuthenticateOperator(actx, token)
+	cancel()
+	switch {
+	case errors.Is(err, access.ErrUnauthenticated):
+		rejectAuth(protocol.AuthTokenMismatch)
+		return
+	case err != nil:
+		c.s.log.Warn("operator authentication failed", "conn", c.id, "err", err)
+		rejectAuth(protocol.AuthUnavailable)
+		return
+	case wire.ValidTenant(principal.Tenant) != nil:
+		c.s.log.Error("authenticator returned an invalid tenant", "tenant", principal.Tenant)
+		rejectAuth(protocol.AuthUnavailable)
+		return
+	}
+
+	if p.Device == nil {
+		if role == protocol.RoleNode {
+			c.failHandshake(req.ID, protocol.DeviceIdentityRequired(), protocol.ClosePolicyViolation, protocol.ReasonDeviceRequired)
+			return
+		}
+	} else if _, fail := protocol.VerifyDevice(protocol.DeviceCheck{
+		Params: p, Role: role, Scopes: scopes, Nonce: c.nonce, NowMs: time.Now().UnixMilli(),
+	}); fail != nil {
+		c.s.log.Info("device proof refused", "conn", c.id, "remote", c.remoteIP, "reason", fail.Reason)
+		c.failHandshake(req.ID, protocol.DeviceAuthFailed(*fail), protocol.ClosePolicyViolation, fail.Message)
+		return
+	}
+
+	var granted []string
+	var set scopeSet
+	if role == protocol.RoleNode {
+		if principal.Role != access.RoleAdmin && principal.Role != access.RoleOperator {
+			rejectAuth(protocol.AuthRoleNotAllowed)
+			return
+		}
+		nodeID := protocol.Str(p.Device.ID)
+		if err := wire.ValidNodeID(nodeID); err != nil {
+			c.failHandshake(req.ID, protocol.DeviceAuthFailed(protocol.DeviceIDMismatch), protocol.ClosePolicyViolation, protocol.DeviceIDMismatch.Message)
+			return
+		}
+		c.nodeID = nodeID
+		granted = []string{}
+	} else {
+		granted, set = grantScopes(principal.Role, scopes)
+	}
+	c.protocol, c.role, c.principal, c.scopes = proto, role, principal, set
+
+	if role == protocol.RoleNode {
+		if err := c.s.attachNodeHost(c, p); err != nil {
+			c.s.log.Warn("register node host", "conn", c.id, "node", c.nodeID, "err", err)
+			c.failHandshake(req.ID, protocol.Unavailable("node registration failed; retry", true), protocol.CloseServiceRestart, "node registration failed")
+			return
+		}
+	}
+	c.respond(req.ID, c.s.hello(c, granted))
+	c.helloDone.Store(true)
+	if role == protocol.RoleOperator {
+		c.s.mu.Lock()
+		set := c.s.operators[principal.Tenant]
+		if set == nil {
+			set = map[*conn]struct{}{}
+			c.s.operators[principal.Tenant] = set
+		}
+		set[c] = struct{}{}
+		c.s.mu.Unlock()
+	}
+	c.s.log.Debug("connected", "conn", c.id, "tenant", principal.Tenant, "principal", principal.ID, "role", role,
+		"protocol", proto, "client", authClient.ID, "scopes", granted)
+}
+
+// hello builds hello-ok for a connection.
+func (s *Service) hello(c *conn, granted []string) []byte {
+	h := protocol.Hello{
+		Type:     "hello-ok",
+		Protocol: c.protocol,
+		Server:   protocol.HelloServer{Version: s.cfg.Version, ConnID: c.id},
+		Features: protocol.Features{Methods: methodNames, Events: eventNames},
+		Snapshot: protocol.Snapshot{UptimeMs: time.Since(s.started).Milliseconds()},
+		Auth:     protocol.HelloAuth{Role: c.role, Scopes: granted},
+		Policy: protocol.Policy{
+			MaxPayload:       s.cfg.MaxPayload,
+			MaxBufferedBytes: s.cfg.MaxBufferedBytes,
+			TickIntervalMs:   s.cfg.TickInterval.Milliseconds(),
+		},
+	}
+	if c.protocol >= protocol.V4 {
+		h.Auth.Method = "token"
+		h.Snapshot.AuthMode = "token"
+	}
+	return h.Encode()
+}

@@ -1,0 +1,306 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/xiaoclaw/xiaoclaw/pkg/access"
+	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
+	"github.com/xiaoclaw/xiaoclaw/services/gateway/internal/idempotency"
+	"github.com/xiaoclaw/xiaoclaw/services/gateway/internal/protocol"
+	"github.com/xiaoclaw/xiaoclaw/services/gateway/internal/registry"
+)
+
+// invokeCall is one node.invoke on its way through the gateway.
+type invokeCall struct {
+	c        *conn
+	reqID    string
+	inv      protocol.NodeInvoke
+	node     *registry.Node
+	subject  string
+	body     []byte
+	deadline time.Time
+	audit    InvokeAudit
+}
+
+// handleNodeInvoke runs the checks that need no network (params, node,
+// declared command, policy) in the read loop, then hands the call to a
+// goroutine for the idempotency claim and the NATS request.
+func (c *conn) handleNodeInvoke(req protocol.Request) {
+	s := c.s
+	call := &invokeCall{c: c, reqID: req.ID}
+	call.audit = InvokeAudit{Time: time.Now(), Instance: s.cfg.Instance, RequestID: req.ID, Principal: c.principal}
+	inv, perr := protocol.ParseNodeInvoke(req.Params)
+	if perr != nil {
+		call.reject(perr, OutcomeRejected)
+		return
+	}
+	call.inv = inv
+	call.audit.NodeID, call.audit.Command, call.audit.IdempotencyKey = inv.NodeID, inv.Command, inv.IdempotencyKey
+	if protocol.IsExecApprovalsCommand(inv.Command) {
+		call.reject(protocol.ExecApprovalsNotInvokable(inv.Command), OutcomeRejected)
+		return
+	}
+	n := s.reg.Get(c.principal.Tenant, inv.NodeID)
+	if n == nil || !n.Connected {
+		call.reject(protocol.NodeNotConnected(), OutcomeRejected)
+		return
+	}
+	call.node = n
+	call.audit.NodeKind = n.Kind
+	if len(n.Commands) == 0 {
+		call.reject(protocol.CommandNotAllowed(protocol.ReasonNoCommands, n.Platform, inv.Command), OutcomeRejected)
+		return
+	}
+	if !n.HasCommand(inv.Command) {
+		call.reject(protocol.CommandNotAllowed(protocol.ReasonNotDeclared, n.Platform, inv.Command), OutcomeRejected)
+		return
+	}
+	areq := access.Request{Principal: c.principal, NodeID: n.NodeID, Command: inv.Command}
+	if isToolCall(inv.Command) {
+		if tc, ok := protocol.ParseToolCall(inv.Params); ok {
+			areq.Tool, areq.Args = tc.Name, tc.Arguments
+			call.audit.Tool = tc.Name
+		}
+	}
+	dec := s.cfg.Authorizer.Authorize(c.ctx, areq)
+	call.audit.Decision = dec
+	if !dec.Allowed {
+		call.reject(protocol.PolicyDenied(c.protocol, inv.Command, areq.Tool, dec.RuleID, dec.Reason), OutcomeDenied)
+		return
+	}
+	if c.inflight.Load() >= int64(s.cfg.MaxInflightPerConn) {
+		call.reject(protocol.Unavailable("too many node.invoke calls in flight on this connection", true), OutcomeRejected)
+		return
+	}
+
+	timeout := s.cfg.DefaultInvokeTimeout
+	if inv.TimeoutMs > 0 {
+		timeout = time.Duration(inv.TimeoutMs) * time.Millisecond
+	}
+	timeout = min(timeout, s.cfg.MaxInvokeTimeout)
+	call.deadline = call.audit.Time.Add(timeout)
+	if n.Kind == wire.NodeKindOpenClaw {
+		call.subject = wire.OpenClawNodeInvoke(n.Tenant, n.NodeID)
+	} else {
+		call.subject = wire.NodeInvoke(n.Tenant)
+	}
+	call.body = encodeInvokeRequest(&inv)
+
+	// Registering under the lock orders this Add before shutdown's Wait.
+	s.mu.RLock()
+	if s.draining.Load() {
+		s.mu.RUnlock()
+		call.reject(protocol.Unavailable("gateway shutting down; retry on another replica", true), OutcomeRejected)
+		return
+	}
+	s.inflightWG.Add(1)
+	s.mu.RUnlock()
+	c.inflight.Add(1)
+	go call.run()
+}
+
+// encodeInvokeRequest builds a wire.InvokeRequest without re-validating the
+// params, which the frame decoder already checked.
+func encodeInvokeRequest(inv *protocol.NodeInvoke) []byte {
+	b := make([]byte, 0, 96+len(inv.NodeID)+len(inv.Command)+len(inv.Params)+len(inv.IdempotencyKey))
+	b = append(b, `{"nodeId":`...)
+	b = protocol.AppendString(b, inv.NodeID)
+	b = append(b, `,"command":`...)
+	b = protocol.AppendString(b, inv.Command)
+	if len(inv.Params) > 0 {
+		b = append(b, `,"params":`...)
+		b = append(b, inv.Params...)
+	}
+	if inv.IdempotencyKey != "" {
+		b = append(b, `,"idempotencyKey":`...)
+		b = protocol.AppendString(b, inv.IdempotencyKey)
+	}
+	return append(b, '}')
+}
+
+// run claims the idempotency key, sends the request and answers.
+func (call *invokeCall) run() {
+	c, s := call.c, call.c.s
+	defer s.inflightWG.Done()
+	defer c.inflight.Add(-1)
+	ctx, cancel := context.WithDeadline(s.runCtx, call.deadline)
+	defer cancel()
+
+	fp := idempotency.Fingerprint(call.inv.NodeID, call.inv.Command, call.inv.Params)
+	claim, prior, err := s.idem.Begin(ctx, idempotency.Key(c.principal.Tenant, call.inv.IdempotencyKey), fp, s.cfg.Instance)
+	switch {
+	case errors.Is(err, idempotency.ErrConflict):
+		call.reject(protocol.IdempotencyConflict(), OutcomeRejected)
+		return
+	case err != nil && ctx.Err() != nil:
+		call.reject(protocol.InvokeTimedOut(false), OutcomeTimeout)
+		return
+	case err != nil:
+		s.log.Warn("idempotency store", "err", err)
+		call.reject(protocol.Unavailable("idempotency store unavailable; retry", true), OutcomeError)
+		return
+	case prior != nil:
+		call.replay(prior)
+		return
+	}
+
+	msg := &nats.Msg{Subject: call.subject, Data: call.body, Header: nats.Header{}}
+	msg.Header.Set(wire.HeaderTenant, c.principal.Tenant)
+	msg.Header.Set(wire.HeaderRequestID, newID())
+	msg.Header.Set(wire.HeaderPrincipal, c.principal.ID)
+	wire.SetTimeout(msg.Header, call.deadline)
+	reply, err := s.nc.RequestMsgWithContext(ctx, msg)
+
+	var payload []byte
+	var perr *protocol.Error
+	outcome, keep := OutcomeOK, true
+	switch {
+	case errors.Is(err, nats.ErrNoResponders):
+		perr, outcome, keep = protocol.NodeNotConnected(), OutcomeError, false
+	case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout):
+		perr, outcome, keep = protocol.InvokeTimedOut(true), OutcomeTimeout, false
+	case err != nil:
+		s.log.Warn("node.invoke request", "subject", call.subject, "err", err)
+		perr, outcome, keep = protocol.Unavailable("failed to send invoke to node", true), OutcomeError, false
+	default:
+		var fault *wire.Fault
+		payload, fault = decodeInvokeReply(reply)
+		switch {
+		case fault == nil:
+		case fault.Code == wire.FaultNotConnected:
+			perr, outcome, keep = protocol.NodeNotConnected(), OutcomeError, false
+		default:
+			perr, outcome = protocol.NodeFailed(fault.Code, fault.Message, true), OutcomeError
+			if fault.Code == wire.FaultTimeout {
+				outcome = OutcomeTimeout
+			}
+		}
+	}
+
+	var result []byte
+	if perr == nil {
+		result = invokeOKPayload(call.inv.NodeID, call.inv.Command, payload)
+		call.answer(protocol.AppendResponse(make([]byte, 0, len(result)+len(call.reqID)+40), call.reqID, result), outcome, "")
+	} else {
+		result = protocol.AppendError(nil, perr)
+		call.answer(protocol.AppendErrorResponse(nil, call.reqID, perr), outcome, errorCode(perr))
+	}
+
+	// The answer is out; record the outcome for retries with the same key.
+	rctx, rcancel := context.WithTimeout(s.runCtx, 5*time.Second)
+	defer rcancel()
+	if keep {
+		err = s.idem.Complete(rctx, claim, fp, perr == nil, result)
+	} else {
+		err = s.idem.Abandon(rctx, claim)
+	}
+	if err != nil {
+		s.log.Warn("idempotency record", "err", err)
+	}
+}
+
+// replay answers with the outcome of an earlier call with the same key.
+func (call *invokeCall) replay(prior *idempotency.Record) {
+	call.audit.Replayed = true
+	if prior.OK {
+		call.answer(protocol.AppendResponse(nil, call.reqID, prior.Result), OutcomeOK, "")
+		return
+	}
+	var e protocol.Error
+	_ = json.Unmarshal(prior.Result, &e)
+	b := protocol.AppendString([]byte(`{"type":"res","id":`), call.reqID)
+	b = append(b, `,"ok":false,"error":`...)
+	b = append(append(b, prior.Result...), '}')
+	call.answer(b, OutcomeError, errorCode(&e))
+}
+
+// reject answers a call refused before (or instead of) reaching the node.
+func (call *invokeCall) reject(e *protocol.Error, outcome string) {
+	call.answer(protocol.AppendErrorResponse(nil, call.reqID, e), outcome, errorCode(e))
+}
+
+// answer audits the call and sends its response frame.
+func (call *invokeCall) answer(frame []byte, outcome, code string) {
+	call.audit.Outcome, call.audit.ErrorCode = outcome, code
+	call.audit.Latency = time.Since(call.audit.Time)
+	call.c.s.cfg.Auditor.AuditInvoke(call.c.ctx, call.audit)
+	call.c.send(frame)
+}
+
+// errorCode is the most specific code of an error: the node's error code,
+// else details.code, else the ErrorShape code.
+func errorCode(e *protocol.Error) string {
+	var d struct {
+		Code      string `json:"code"`
+		NodeError struct {
+			Code string `json:"code"`
+		} `json:"nodeError"`
+	}
+	if len(e.Details) > 0 {
+		_ = json.Unmarshal(e.Details, &d)
+	}
+	switch {
+	case d.NodeError.Code != "":
+		return d.NodeError.Code
+	case d.Code != "":
+		return d.Code
+	}
+	return e.Code
+}
+
+// invokeOKPayload is node.invoke's success payload, as OpenClaw sends it:
+// the result parsed (payload) and as a JSON string (payloadJSON).
+func invokeOKPayload(nodeID, command string, payload []byte) []byte {
+	b := make([]byte, 0, 64+len(nodeID)+len(command)+2*len(payload))
+	b = append(b, `{"ok":true,"nodeId":`...)
+	b = protocol.AppendString(b, nodeID)
+	b = append(b, `,"command":`...)
+	b = protocol.AppendString(b, command)
+	if len(payload) > 0 {
+		b = append(b, `,"payload":`...)
+		b = append(b, payload...)
+		b = append(b, `,"payloadJSON":`...)
+		b = protocol.AppendStringBytes(b, payload)
+	}
+	return append(b, '}')
+}
+
+// invokeReply decodes both reply forms on the invoke subjects: a
+// wire.InvokeReply, or a bare wire.Fault marked with the Xc-Fault header.
+type invokeReply struct {
+	OK      bool            `json:"ok"`
+	Payload json.RawMessage `json:"payload"`
+	Error   *wire.Fault     `json:"error"`
+	Code    string          `json:"code"`
+	Message string          `json:"message"`
+}
+
+// decodeInvokeReply returns the result payload, or the fault.
+func decodeInvokeReply(m *nats.Msg) (json.RawMessage, *wire.Fault) {
+	var r invokeReply
+	if err := json.Unmarshal(m.Data, &r); err != nil {
+		return nil, &wire.Fault{Code: wire.FaultUnavailable, Message: "malformed reply: " + err.Error()}
+	}
+	if r.Error != nil {
+		return nil, r.Error
+	}
+	if h := m.Header.Get(wire.HeaderFault); h != "" {
+		code := r.Code
+		if code == "" {
+			code = h
+		}
+		return nil, &wire.Fault{Code: code, Message: r.Message}
+	}
+	if !r.OK {
+		return nil, &wire.Fault{Code: wire.FaultUnavailable, Message: "node invoke failed"}
+	}
+	if len(r.Payload) == 4 && string(r.Payload) == "null" {
+		r.Payload = nil
+	}
+	return r.Payload, nil
+}
