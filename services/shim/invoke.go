@@ -52,16 +52,9 @@ func (s *Service) deadline(h nats.Header) time.Time {
 // to the device's hub, map the answer.
 func (s *Service) invoke(msg *nats.Msg) (json.RawMessage, *wire.Fault) {
 	deadline := s.deadline(msg.Header)
-	tenant, ok := wire.TenantFromSubject(msg.Subject)
-	if !ok {
-		return nil, &wire.Fault{Code: wire.FaultInvalidRequest, Message: "invalid tenant"}
-	}
-	var req wire.InvokeRequest
-	if err := json.Unmarshal(msg.Data, &req); err != nil {
-		return nil, &wire.Fault{Code: wire.FaultInvalidRequest, Message: "node.invoke request is not valid JSON"}
-	}
-	if req.Command == "" {
-		return nil, &wire.Fault{Code: wire.FaultInvalidRequest, Message: "command is required"}
+	tenant, req, fault := parseInvoke(msg.Subject, msg.Data)
+	if fault != nil {
+		return nil, fault
 	}
 	node, ok := s.reg.Lookup(tenant, req.NodeID)
 	if !ok {
@@ -116,6 +109,26 @@ func (s *Service) invoke(msg *nats.Msg) (json.RawMessage, *wire.Fault) {
 		s.log.Debug("invoke failed", "tenant", tenant, "node", rec.NodeID, "command", req.Command, "tool", call.Tool, "code", fault.Code, "message", fault.Message)
 	}
 	return payload, fault
+}
+
+// parseInvoke reads the tenant from a node.invoke subject and decodes the
+// request; params stay raw for translate.Prepare.
+func parseInvoke(subject string, data []byte) (string, wire.InvokeRequest, *wire.Fault) {
+	var req wire.InvokeRequest
+	tenant, ok := wire.TenantFromSubject(subject)
+	if !ok {
+		return "", req, &wire.Fault{Code: wire.FaultInvalidRequest, Message: "invalid tenant"}
+	}
+	if err := json.Unmarshal(data, &req); err != nil {
+		return "", req, &wire.Fault{Code: wire.FaultInvalidRequest, Message: "node.invoke request is not valid JSON"}
+	}
+	if req.NodeID == "" {
+		return "", req, &wire.Fault{Code: wire.FaultInvalidRequest, Message: "nodeId is required"}
+	}
+	if req.Command == "" {
+		return "", req, &wire.Fault{Code: wire.FaultInvalidRequest, Message: "command is required"}
+	}
+	return tenant, req, nil
 }
 
 // timeoutFault is what OpenClaw reports when a node does not answer in time.
