@@ -193,7 +193,7 @@ func TestMarkUnreachableOnlyForTheSameSession(t *testing.T) {
 	if _, err := r.ApplyEvent(ctx, Pending{Event: ev(wire.DeviceOnline, "b", 200)}); err != nil {
 		t.Fatal(err)
 	}
-	<-events // node.connected
+	<-events                                                 // node.connected
 	r.MarkUnreachable(ctx, "t", "xz-a1b2c3d4e5f6", "h", "a") // an older session's failure
 	if n, _, _ := r.Fetch(ctx, "t", "xz-a1b2c3d4e5f6"); !n.Record.Connected {
 		t.Fatal("a failure on an old session disconnected the new one")
