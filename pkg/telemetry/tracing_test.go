@@ -1,0 +1,315 @@
+package telemetry_test
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/xiaoclaw/xiaoclaw/pkg/telemetry"
+	"github.com/xiaoclaw/xiaoclaw/pkg/telemetry/telemetrytest"
+)
+
+func newProvider(t *testing.T, service string, cfg telemetry.Config) *telemetry.TracerProvider {
+	t.Helper()
+	tp, err := telemetry.NewTracerProvider(context.Background(), service, cfg)
+	if err != nil {
+		t.Fatalf("NewTracerProvider: %v", err)
+	}
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	return tp
+}
+
+func TestTracingIsOffWithoutConfiguration(t *testing.T) {
+	for name, env := range map[string]map[string]string{
+		"no variables":          nil,
+		"exporter none":         {"OTEL_TRACES_EXPORTER": "none", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1"},
+		"sdk disabled":          {"OTEL_SDK_DISABLED": "true", "OTEL_TRACES_EXPORTER": "otlp"},
+		"only protocol or name": {"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc", "OTEL_SERVICE_NAME": "x"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			tp := newProvider(t, telemetry.ServiceGateway, telemetry.Config{Env: telemetrytest.MapEnv(env)})
+			if tp.Enabled() {
+				t.Fatalf("tracing on, want off (%s)", tp)
+			}
+			_, span := tp.Tracer(telemetry.ScopeName).Start(context.Background(), "x")
+			if span.IsRecording() || span.SpanContext().IsValid() {
+				t.Fatal("a disabled provider produced a recording span")
+			}
+			span.End()
+		})
+	}
+}
+
+func TestSDKDisabledWinsOverSpanProcessor(t *testing.T) {
+	tp := newProvider(t, "svc", telemetry.Config{
+		Env:           telemetrytest.MapEnv(map[string]string{"OTEL_SDK_DISABLED": "TRUE"}),
+		SpanProcessor: tracetest.NewSpanRecorder(),
+	})
+	if tp.Enabled() {
+		t.Fatal("OTEL_SDK_DISABLED=true did not turn tracing off")
+	}
+}
+
+// An endpoint alone turns OTLP export on: setting OTEL_EXPORTER_OTLP_ENDPOINT
+// is how most deployments say "send traces there".
+func TestEndpointAloneExportsOverOTLP(t *testing.T) {
+	rcv := telemetrytest.StartOTLPReceiver(t)
+	tp := newProvider(t, "svc", telemetry.Config{Env: telemetrytest.MapEnv(map[string]string{
+		"OTEL_EXPORTER_OTLP_ENDPOINT": rcv.HTTPURL,
+	})})
+	if !tp.Enabled() {
+		t.Fatal("tracing off with an OTLP endpoint set")
+	}
+	_, span := tp.Tracer(telemetry.ScopeName).Start(context.Background(), "one")
+	span.End()
+	if err := tp.ForceFlush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	got := rcv.WaitForTrace(t, span.SpanContext().TraceID().String(), 1)
+	if got[0].Protocol != "http/protobuf" || got[0].Name != "one" {
+		t.Fatalf("got %+v, want span 'one' over http/protobuf (the default protocol)", got[0])
+	}
+}
+
+func TestExportOverOTLPBothProtocols(t *testing.T) {
+	rcv := telemetrytest.StartOTLPReceiver(t)
+	for _, proto := range []string{"grpc", "http/protobuf"} {
+		t.Run(proto, func(t *testing.T) {
+			env := rcv.Env(proto)
+			env["OTEL_RESOURCE_ATTRIBUTES"] = "deployment.environment.name=test,region=eu%2Dwest"
+			env["OTEL_EXPORTER_OTLP_COMPRESSION"] = "gzip"
+			tp := newProvider(t, telemetry.ServiceGateway, telemetry.Config{
+				Env: telemetrytest.MapEnv(env), Instance: "gw-1", Version: "v0.1.0",
+			})
+			if !tp.Enabled() || !strings.Contains(tp.String(), "otlp "+proto) {
+				t.Fatalf("provider %q, want otlp %s", tp, proto)
+			}
+			ctx, span := telemetry.StartOperatorRequest(context.Background(), tp.Tracer(telemetry.ScopeName), "node.invoke", "",
+				telemetry.CallInfo{Tenant: "acme", Node: "xz-a1b2c3d4e5f6", Command: "mcp.tools.call", Tool: "self.light.on"})
+			telemetry.EndSpan(span, "", nil)
+			traceID, _ := telemetry.TraceIDs(ctx)
+			if err := tp.ForceFlush(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			got := rcv.WaitForTrace(t, traceID, 1)[0]
+			want := map[string]string{
+				"service.name": telemetry.ServiceGateway, "service.namespace": "xiaoclaw", "service.instance.id": "gw-1",
+				"service.version": "v0.1.0", "deployment.environment.name": "test", "region": "eu-west",
+				"telemetry.sdk.language": "go",
+			}
+			for k, v := range want {
+				if got.Resource[k] != v {
+					t.Errorf("resource %s = %q, want %q", k, got.Resource[k], v)
+				}
+			}
+			if got.Protocol != proto || got.Name != "node.invoke" || got.Kind != "server" || got.ParentSpanID != "" {
+				t.Errorf("span %+v: want a root server span node.invoke over %s", got, proto)
+			}
+			for k, v := range map[string]string{
+				"xiaoclaw.tenant": "acme", "xiaoclaw.node": "xz-a1b2c3d4e5f6", "xiaoclaw.tool": "self.light.on",
+				"xiaoclaw.outcome": "ok", "rpc.method": "node.invoke",
+			} {
+				if got.Attributes[k] != v {
+					t.Errorf("attribute %s = %q, want %q", k, got.Attributes[k], v)
+				}
+			}
+		})
+	}
+}
+
+func TestOTLPHeadersReachTheCollectorAndStayOutOfTheSummary(t *testing.T) {
+	rcv := telemetrytest.StartOTLPReceiver(t)
+	env := rcv.Env("http/protobuf")
+	env["OTEL_EXPORTER_OTLP_TRACES_HEADERS"] = "Authorization=Bearer%20s3cr3t-otlp,X-Scope=team-a"
+	tp := newProvider(t, "svc", telemetry.Config{Env: telemetrytest.MapEnv(env)})
+	if strings.Contains(tp.String(), "s3cr3t") {
+		t.Fatalf("summary %q shows the header secret", tp)
+	}
+	_, span := tp.Tracer(telemetry.ScopeName).Start(context.Background(), "h")
+	span.End()
+	_ = tp.ForceFlush(context.Background())
+	rcv.WaitForTrace(t, span.SpanContext().TraceID().String(), 1)
+	h := rcv.HTTPHeaders()[0]
+	if h.Get("Authorization") != "Bearer s3cr3t-otlp" || h.Get("X-Scope") != "team-a" {
+		t.Fatalf("collector saw headers %v", h)
+	}
+}
+
+func TestTracesEndpointIsUsedAsIs(t *testing.T) {
+	rcv := telemetrytest.StartOTLPReceiver(t)
+	tp := newProvider(t, "svc", telemetry.Config{Env: telemetrytest.MapEnv(map[string]string{
+		"OTEL_TRACES_EXPORTER":               "otlp",
+		"OTEL_EXPORTER_OTLP_ENDPOINT":        "http://127.0.0.1:1/wrong",
+		"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": rcv.HTTPURL + "/v1/traces",
+	})})
+	_, span := tp.Tracer(telemetry.ScopeName).Start(context.Background(), "s")
+	span.End()
+	_ = tp.ForceFlush(context.Background())
+	rcv.WaitForTrace(t, span.SpanContext().TraceID().String(), 1)
+}
+
+func TestServiceNameRules(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		env    map[string]string
+		shared bool
+		want   string
+	}{
+		{"argument", nil, false, "xiaoclaw-shim"},
+		{"resource attribute overrides argument", map[string]string{"OTEL_RESOURCE_ATTRIBUTES": "service.name=from-attrs"}, false, "from-attrs"},
+		{"OTEL_SERVICE_NAME overrides both", map[string]string{"OTEL_RESOURCE_ATTRIBUTES": "service.name=from-attrs", "OTEL_SERVICE_NAME": "from-env"}, false, "from-env"},
+		{"shared process keeps the argument", map[string]string{"OTEL_RESOURCE_ATTRIBUTES": "service.name=from-attrs", "OTEL_SERVICE_NAME": "from-env"}, true, "xiaoclaw-shim"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rec := tracetest.NewSpanRecorder()
+			tp := newProvider(t, "xiaoclaw-shim", telemetry.Config{Env: telemetrytest.MapEnv(tc.env), SharedProcess: tc.shared, SpanProcessor: rec})
+			_, span := tp.Tracer(telemetry.ScopeName).Start(context.Background(), "s")
+			span.End()
+			if got := telemetrytest.Service(rec.Ended()[0]); got != tc.want || tp.ServiceName() != tc.want {
+				t.Fatalf("service.name %q (ServiceName %q), want %q", got, tp.ServiceName(), tc.want)
+			}
+		})
+	}
+}
+
+// In `xiaoclaw dev` three providers share one environment; each span still
+// names its own service.
+func TestProvidersPerServiceInOneProcess(t *testing.T) {
+	rec := telemetrytest.NewRecorder()
+	env := map[string]string{"OTEL_SERVICE_NAME": "ignored-in-shared-process"}
+	gw := rec.Provider(t, telemetry.ServiceGateway, env)
+	shim := rec.Provider(t, telemetry.ServiceShim, env)
+	ctx, s1 := gw.Tracer(telemetry.ScopeName).Start(context.Background(), "a")
+	_, s2 := shim.Tracer(telemetry.ScopeName).Start(ctx, "b")
+	s2.End()
+	s1.End()
+	spans := rec.Spans()
+	if telemetrytest.Service(spans[0]) != telemetry.ServiceShim || telemetrytest.Service(spans[1]) != telemetry.ServiceGateway {
+		t.Fatalf("services: %s", telemetrytest.Dump(spans))
+	}
+}
+
+func TestSamplers(t *testing.T) {
+	sampledParent := trace.NewSpanContext(trace.SpanContextConfig{
+		TraceID: trace.TraceID{1}, SpanID: trace.SpanID{1}, TraceFlags: trace.FlagsSampled, Remote: true,
+	})
+	unsampledParent := trace.NewSpanContext(trace.SpanContextConfig{TraceID: trace.TraceID{2}, SpanID: trace.SpanID{2}, Remote: true})
+	for _, tc := range []struct {
+		sampler, arg string
+		parent       trace.SpanContext
+		want         bool
+	}{
+		{"", "", trace.SpanContext{}, true},
+		{"", "", unsampledParent, false}, // parentbased_always_on follows the caller
+		{"", "", sampledParent, true},
+		{"always_off", "", sampledParent, false},
+		{"always_on", "", unsampledParent, true},
+		{"traceidratio", "0", trace.SpanContext{}, false},
+		{"traceidratio", "1", trace.SpanContext{}, true},
+		{"parentbased_traceidratio", "0", sampledParent, true},
+		{"parentbased_always_off", "", trace.SpanContext{}, false},
+	} {
+		t.Run(tc.sampler+"/"+tc.arg+"/"+tc.parent.TraceFlags().String(), func(t *testing.T) {
+			tp := newProvider(t, "svc", telemetry.Config{
+				Env:           telemetrytest.MapEnv(map[string]string{"OTEL_TRACES_SAMPLER": tc.sampler, "OTEL_TRACES_SAMPLER_ARG": tc.arg}),
+				SpanProcessor: tracetest.NewSpanRecorder(),
+			})
+			ctx := context.Background()
+			if tc.parent.IsValid() {
+				ctx = trace.ContextWithRemoteSpanContext(ctx, tc.parent)
+			}
+			_, span := tp.Tracer(telemetry.ScopeName).Start(ctx, "s")
+			defer span.End()
+			if span.IsRecording() != tc.want {
+				t.Fatalf("recording %v, want %v", span.IsRecording(), tc.want)
+			}
+		})
+	}
+}
+
+func TestBadEnvironmentIsRefusedClearly(t *testing.T) {
+	for _, tc := range []struct {
+		env  map[string]string
+		want string
+	}{
+		{map[string]string{"OTEL_TRACES_EXPORTER": "zipkin"}, `unsupported exporter "zipkin"`},
+		{map[string]string{"OTEL_TRACES_EXPORTER": "otlp,none"}, "none cannot be combined"},
+		{map[string]string{"OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"}, "OTEL_EXPORTER_OTLP_PROTOCOL"},
+		{map[string]string{"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "udp"}, "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"},
+		{map[string]string{"OTEL_TRACES_SAMPLER": "jaeger_remote"}, "OTEL_TRACES_SAMPLER"},
+		{map[string]string{"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "1.5"}, "OTEL_TRACES_SAMPLER_ARG"},
+		{map[string]string{"OTEL_SDK_DISABLED": "maybe"}, "OTEL_SDK_DISABLED"},
+		{map[string]string{"OTEL_EXPORTER_OTLP_TIMEOUT": "10s"}, "OTEL_EXPORTER_OTLP_TIMEOUT"},
+		{map[string]string{"OTEL_EXPORTER_OTLP_COMPRESSION": "zstd"}, "OTEL_EXPORTER_OTLP_COMPRESSION"},
+		{map[string]string{"OTEL_BSP_MAX_QUEUE_SIZE": "-1"}, "OTEL_BSP_MAX_QUEUE_SIZE"},
+		{map[string]string{"OTEL_RESOURCE_ATTRIBUTES": "a=1,novalue"}, "OTEL_RESOURCE_ATTRIBUTES"},
+		{map[string]string{"OTEL_EXPORTER_OTLP_HEADERS": "Authorization=Bearer%zzs3cr3t"}, "bad percent-encoding"},
+		{map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_ENDPOINT": "ftp://u:s3cr3t@host"}, "want an http:// or https:// URL"},
+		{map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc", "OTEL_EXPORTER_OTLP_ENDPOINT": "no-port"}, "host:port"},
+		{map[string]string{"OTEL_TRACES_EXPORTER": "console"}, "ConsoleWriter"},
+	} {
+		_, err := telemetry.NewTracerProvider(context.Background(), "svc", telemetry.Config{Env: telemetrytest.MapEnv(tc.env)})
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("env %v: error %v, want one mentioning %q", tc.env, err, tc.want)
+			continue
+		}
+		if strings.Contains(err.Error(), "s3cr3t") {
+			t.Errorf("env %v: error %q repeats a secret", tc.env, err)
+		}
+	}
+	if _, err := telemetry.NewTracerProvider(context.Background(), "", telemetry.Config{}); err == nil {
+		t.Error("an empty service name was accepted")
+	}
+}
+
+func TestConsoleExporter(t *testing.T) {
+	var buf bytes.Buffer
+	tp, err := telemetry.NewTracerProvider(context.Background(), "svc", telemetry.Config{
+		Env:           telemetrytest.MapEnv(map[string]string{"OTEL_TRACES_EXPORTER": "console"}),
+		ConsoleWriter: &buf,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, span := tp.Tracer(telemetry.ScopeName).Start(context.Background(), "printed-span")
+	span.End()
+	if err := tp.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(buf.String(), `"Name":"printed-span"`) {
+		t.Fatalf("console output %q lacks the span", buf.String())
+	}
+	if err := tp.Shutdown(context.Background()); err != nil {
+		t.Fatalf("second Shutdown: %v", err)
+	}
+}
+
+// A batch provider must not lose queued spans at Shutdown: services call it
+// last when they stop.
+func TestShutdownFlushesQueuedSpans(t *testing.T) {
+	rcv := telemetrytest.StartOTLPReceiver(t)
+	env := rcv.Env("grpc")
+	env["OTEL_BSP_SCHEDULE_DELAY"] = "60000" // nothing leaves before Shutdown
+	tp, err := telemetry.NewTracerProvider(context.Background(), "svc", telemetry.Config{Env: telemetrytest.MapEnv(env)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := tp.Tracer(telemetry.ScopeName)
+	ctx, root := tr.Start(context.Background(), "root")
+	for range 9 {
+		_, s := tr.Start(ctx, "child")
+		s.End()
+	}
+	root.End()
+	if err := tp.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	rcv.WaitForTrace(t, root.SpanContext().TraceID().String(), 10)
+}
+
+var _ sdktrace.SpanProcessor = tracetest.NewSpanRecorder()
