@@ -1,0 +1,195 @@
+// Command devicehub runs one devicehub replica: XiaoZhi devices connect to
+// it over WebSocket, and it serves their MCP sessions on NATS. Every flag
+// falls back to an environment variable XIAOCLAW_<FLAG_IN_UPPER_SNAKE>.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/xiaoclaw/xiaoclaw/pkg/deviceauth"
+	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
+	"github.com/xiaoclaw/xiaoclaw/services/devicehub"
+)
+
+var version = "dev"
+
+func main() {
+	if err := run(os.Args[1:]); err != nil {
+		fmt.Fprintln(os.Stderr, "devicehub:", err)
+		os.Exit(1)
+	}
+}
+
+// tokenList collects --device-token values: TENANT=TOKEN, or a bare TOKEN
+// for tenant "dev".
+type tokenList []string
+
+func (t *tokenList) String() string     { return fmt.Sprintf("%d tokens", len(*t)) }
+func (t *tokenList) Set(v string) error { *t = append(*t, v); return nil }
+
+func (t tokenList) authenticator() (deviceauth.StaticTokens, error) {
+	out := deviceauth.StaticTokens{}
+	for _, v := range t {
+		tenant, token, ok := strings.Cut(v, "=")
+		if !ok {
+			tenant, token = "dev", v
+		}
+		if err := wire.ValidTenant(tenant); err != nil {
+			return nil, fmt.Errorf("--device-token: %w", err)
+		}
+		if token == "" {
+			return nil, errors.New("--device-token: empty token")
+		}
+		out[token] = tenant
+	}
+	return out, nil
+}
+
+func run(args []string) error {
+	host, _ := os.Hostname()
+	fs := flag.NewFlagSet("devicehub", flag.ContinueOnError)
+	natsURL := fs.String("nats-url", "nats://127.0.0.1:4222", "NATS server URL")
+	deviceAddr := fs.String("device-addr", devicehub.DefaultDeviceAddr, "listen address of the device endpoints (WebSocket /xiaozhi/v1/)")
+	opsAddr := fs.String("ops-addr", ":9090", "listen address of /healthz and /readyz")
+	var tokens tokenList
+	fs.Var(&tokens, "device-token", "device bearer token as TENANT=TOKEN, or TOKEN for tenant dev (repeatable; env: comma-separated)")
+	callTimeout := fs.Duration("call-timeout", devicehub.DefaultCallTimeout, "deadline of one device call when the caller sets none")
+	idleTimeout := fs.Duration("idle-timeout", devicehub.DefaultIdleTimeout, "close a session after this long without frames from the device")
+	withUserTools := fs.Bool("with-user-tools", false, "list the devices' user-only tools too")
+	instance := fs.String("instance", host, "name of this replica in events and logs")
+	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	logFormat := fs.String("log-format", "json", "json or text")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if err := envFallback(fs); err != nil {
+		return err
+	}
+
+	log, err := newLogger(*logLevel, *logFormat)
+	if err != nil {
+		return err
+	}
+	auth, err := tokens.authenticator()
+	if err != nil {
+		return err
+	}
+	if len(auth) == 0 {
+		return errors.New("at least one --device-token is required")
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+
+	nc, err := nats.Connect(*natsURL,
+		nats.Name("devicehub "+*instance),
+		nats.MaxReconnects(-1),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { log.Warn("devicehub: NATS disconnected", "err", err) }),
+		nats.ReconnectHandler(func(c *nats.Conn) { log.Info("devicehub: NATS reconnected", "url", c.ConnectedUrlRedacted()) }),
+	)
+	if err != nil {
+		return fmt.Errorf("connect NATS %s: %w", *natsURL, err)
+	}
+	defer nc.Close()
+
+	svc, err := devicehub.New(devicehub.Config{
+		Instance: *instance, DeviceAddr: *deviceAddr, Auth: auth,
+		CallTimeout: *callTimeout, IdleTimeout: *idleTimeout, WithUserTools: *withUserTools, Version: version,
+	}, nc, log)
+	if err != nil {
+		return err
+	}
+
+	ops := &http.Server{Addr: *opsAddr, Handler: opsHandler(svc, nc), ReadHeaderTimeout: 5 * time.Second}
+	opsLn, err := net.Listen("tcp", *opsAddr)
+	if err != nil {
+		return fmt.Errorf("ops listener: %w", err)
+	}
+	go func() {
+		if err := ops.Serve(opsLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("devicehub: ops server failed", "err", err)
+		}
+	}()
+	defer ops.Close()
+
+	return svc.Run(ctx)
+}
+
+func opsHandler(svc *devicehub.Service, nc *nats.Conn) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		select {
+		case <-svc.Ready():
+		default:
+			http.Error(w, "starting", http.StatusServiceUnavailable)
+			return
+		}
+		if !nc.IsConnected() {
+			http.Error(w, "NATS disconnected", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ready")
+	})
+	return mux
+}
+
+// envFallback sets every flag not given on the command line from
+// XIAOCLAW_<NAME> (dashes become underscores); --device-token takes a
+// comma-separated list.
+func envFallback(fs *flag.FlagSet) error {
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	var err error
+	fs.VisitAll(func(f *flag.Flag) {
+		if set[f.Name] || err != nil {
+			return
+		}
+		v, ok := os.LookupEnv("XIAOCLAW_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_")))
+		if !ok {
+			return
+		}
+		values := []string{v}
+		if f.Name == "device-token" {
+			values = strings.Split(v, ",")
+		}
+		for _, one := range values {
+			if e := f.Value.Set(strings.TrimSpace(one)); e != nil {
+				err = fmt.Errorf("environment for --%s: %w", f.Name, e)
+				return
+			}
+		}
+	})
+	return err
+}
+
+func newLogger(level, format string) (*slog.Logger, error) {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("--log-level: %w", err)
+	}
+	opts := &slog.HandlerOptions{Level: lv}
+	switch format {
+	case "json":
+		return slog.New(slog.NewJSONHandler(os.Stderr, opts)), nil
+	case "text":
+		return slog.New(slog.NewTextHandler(os.Stderr, opts)), nil
+	default:
+		return nil, fmt.Errorf("--log-format must be json or text, not %q", format)
+	}
+}
