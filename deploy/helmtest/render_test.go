@@ -59,8 +59,8 @@ func scenarios(t *testing.T) []scenario {
 
 // stagedChart copies the chart to a temporary directory and gives it stand-ins for the
 // bundled nats and postgresql dependencies, whose archives `helm dependency update` would
-// download. The stand-ins render nothing; the chart only refers to their Services and
-// Secrets by name.
+// download. The stand-ins render nothing; the chart refers to their Services and Secrets by
+// name only.
 func stagedChart(t *testing.T) string {
 	t.Helper()
 	src := filepath.Join(repoRoot(t), "deploy", "helm", "xiaoclaw")
@@ -68,8 +68,10 @@ func stagedChart(t *testing.T) string {
 	if err := os.CopyFS(dst, os.DirFS(src)); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := os.Stat(filepath.Join(dst, "charts")); err == nil {
-		return dst // real dependency archives were built: use them
+	// Archives from `helm dependency update`, if any, are replaced: these checks cover this
+	// chart's own objects.
+	if err := os.RemoveAll(filepath.Join(dst, "charts")); err != nil {
+		t.Fatal(err)
 	}
 	for name, version := range map[string]string{"nats": "1.2.0", "postgresql": "16.0.0"} {
 		dir := filepath.Join(dst, "charts", name)
