@@ -45,6 +45,6 @@ func newRoot(env func(string) string, stdout io.Writer) *cobra.Command {
 		SilenceErrors: true,
 	}
 	root.AddCommand(operatorCommands(env, stdout)...)
-	root.AddCommand(loadCommand(env, stdout))
+	root.AddCommand(loadCommand(env, stdout), devCommand(env, stdout), simCommand(env, stdout))
 	return root
 }

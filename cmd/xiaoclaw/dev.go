@@ -1,0 +1,189 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+
+	"github.com/spf13/cobra"
+
+	"github.com/xiaoclaw/xiaoclaw/cmd/xiaoclaw/internal/devstack"
+)
+
+type devFlags struct {
+	deviceAddr    string
+	gatewayAddr   string
+	mqttAddr      string
+	natsListen    string
+	natsURL       string
+	dataDir       string
+	deviceToken   string
+	operatorToken string
+	adminToken    string
+	databaseURL   string
+	logLevel      string
+	logFormat     string
+}
+
+// devCredentials persist in the data directory so a restart keeps the
+// tokens people have already pasted into devices and scripts.
+type devCredentials struct {
+	DeviceToken   string `json:"deviceToken"`
+	OperatorToken string `json:"operatorToken"`
+	AdminToken    string `json:"adminToken"`
+}
+
+func devCommand(env func(string) string, stdout io.Writer) *cobra.Command {
+	f := &devFlags{}
+	cmd := &cobra.Command{
+		Use:   "dev",
+		Short: "Run the whole system in one process: gateway, shim, devicehub, embedded NATS",
+		Long: `dev runs gateway, shim and devicehub in one process on an embedded NATS server with
+JetStream (data in --data-dir), seeds the tenant "dev" and prints the endpoints and credentials.
+Tokens not given as flags are generated once and kept in the data directory.
+Ctrl-C (SIGINT) or SIGTERM shuts down gracefully.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runDev(cmd.Context(), f, stdout)
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.deviceAddr, "device-addr", "127.0.0.1:8000", "device endpoint: XiaoZhi WebSocket /xiaozhi/v1/")
+	fl.StringVar(&f.gatewayAddr, "gateway-addr", "127.0.0.1:18789", "operator endpoint: OpenClaw gateway protocol")
+	fl.StringVar(&f.mqttAddr, "mqtt-addr", "", "MQTT device endpoint (not available yet; accepted and ignored)")
+	fl.StringVar(&f.natsListen, "nats-listen", "127.0.0.1:0", "client address of the embedded NATS server")
+	fl.StringVar(&f.natsURL, "nats-url", env("XIAOCLAW_NATS_URL"), "use this NATS server instead of the embedded one (env XIAOCLAW_NATS_URL)")
+	fl.StringVar(&f.dataDir, "data-dir", defaultDataDir(env), "state directory (JetStream store, generated credentials)")
+	fl.StringVar(&f.deviceToken, "device-token", env("XIAOCLAW_DEVICE_TOKEN"), "the dev tenant's device token (generated when empty)")
+	fl.StringVar(&f.operatorToken, "operator-token", env("XIAOCLAW_OPERATOR_TOKEN"), "the dev tenant's operator token (generated when empty)")
+	fl.StringVar(&f.adminToken, "admin-token", env("XIAOCLAW_ADMIN_TOKEN"), "admin API token (generated when empty; the admin API is not available yet)")
+	fl.StringVar(&f.databaseURL, "database-url", env("XIAOCLAW_DATABASE_URL"), "Postgres URL (not used yet; accepted and ignored)")
+	fl.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
+	fl.StringVar(&f.logFormat, "log-format", "text", "text or json")
+	return cmd
+}
+
+func defaultDataDir(env func(string) string) string {
+	if d := env("XIAOCLAW_DATA_DIR"); d != "" {
+		return d
+	}
+	if d, err := os.UserCacheDir(); err == nil {
+		return filepath.Join(d, "xiaoclaw", "dev")
+	}
+	return filepath.Join(os.TempDir(), "xiaoclaw-dev")
+}
+
+func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		return nil, &exitError{exitUsage, fmt.Errorf("--log-level: %w", err)}
+	}
+	opts := &slog.HandlerOptions{Level: lv}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	default:
+		return nil, &exitError{exitUsage, fmt.Errorf("--log-format must be text or json, not %q", format)}
+	}
+}
+
+func loadCredentials(dir string, f *devFlags) (devCredentials, error) {
+	path := filepath.Join(dir, "credentials.json")
+	var c devCredentials
+	if b, err := os.ReadFile(path); err == nil {
+		if err := json.Unmarshal(b, &c); err != nil {
+			return c, fmt.Errorf("%s is damaged (%v): remove it to generate new tokens", path, err)
+		}
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return c, err
+	}
+	for _, p := range []struct {
+		flag  string
+		saved *string
+		pref  string
+	}{{f.deviceToken, &c.DeviceToken, "xcd_"}, {f.operatorToken, &c.OperatorToken, "xco_"}, {f.adminToken, &c.AdminToken, "xca_"}} {
+		switch {
+		case p.flag != "":
+			*p.saved = p.flag
+		case *p.saved == "":
+			*p.saved = p.pref + randomToken()
+		}
+	}
+	b, _ := json.MarshalIndent(c, "", "  ")
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		return c, fmt.Errorf("save credentials: %w", err)
+	}
+	return c, nil
+}
+
+func randomToken() string {
+	var b [18]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+func runDev(ctx context.Context, f *devFlags, stdout io.Writer) error {
+	log, err := newLogger(os.Stderr, f.logLevel, f.logFormat)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(f.dataDir, 0o700); err != nil {
+		return fmt.Errorf("data dir: %w", err)
+	}
+	creds, err := loadCredentials(f.dataDir, f)
+	if err != nil {
+		return err
+	}
+	for flag, v := range map[string]string{"--mqtt-addr": f.mqttAddr, "--database-url": f.databaseURL} {
+		if v != "" {
+			log.Warn("flag accepted but not used by this version", "flag", flag)
+		}
+	}
+	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	st, err := devstack.Start(ctx, devstack.Config{
+		DataDir:       f.dataDir,
+		NATSURL:       f.natsURL,
+		NATSListen:    f.natsListen,
+		DeviceAddr:    f.deviceAddr,
+		GatewayAddr:   f.gatewayAddr,
+		DeviceToken:   creds.DeviceToken,
+		OperatorToken: creds.OperatorToken,
+		Log:           log,
+	})
+	if err != nil {
+		return err
+	}
+	printBanner(stdout, st, creds, f.dataDir)
+	<-ctx.Done()
+	stop() // a second signal now kills the process the default way
+	fmt.Fprintln(stdout, "shutting down…")
+	st.Close()
+	return nil
+}
+
+func printBanner(w io.Writer, st *devstack.Stack, c devCredentials, dataDir string) {
+	var b strings.Builder
+	fmt.Fprintf(&b, "\nxiaoclaw dev is running (tenant %q, data in %s)\n\n", devstack.DevTenant, dataDir)
+	fmt.Fprintf(&b, "  operators  %s\n", st.GatewayURL(0))
+	fmt.Fprintf(&b, "             operator token: %s\n", c.OperatorToken)
+	fmt.Fprintf(&b, "  devices    %s\n", st.DeviceURL(0))
+	fmt.Fprintf(&b, "             device token:   %s\n", c.DeviceToken)
+	fmt.Fprintf(&b, "  nats       %s\n\n", st.NATSURL())
+	fmt.Fprintf(&b, "Try, in another terminal:\n")
+	fmt.Fprintf(&b, "  xiaoclaw sim --url %s --token %s --count 3\n", st.DeviceURL(0), c.DeviceToken)
+	fmt.Fprintf(&b, "  XIAOCLAW_URL=%s XIAOCLAW_TOKEN=%s xiaoclaw nodes\n\n", st.GatewayURL(0), c.OperatorToken)
+	fmt.Fprint(w, b.String())
+}

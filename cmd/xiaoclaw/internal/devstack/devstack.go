@@ -1,0 +1,326 @@
+// Package devstack runs the whole xiaoclaw system in one process: an
+// embedded NATS server with JetStream (or an external NATS), devicehub, shim
+// and gateway replicas, each on its own NATS connection exactly as separate
+// processes would be. `xiaoclaw dev` runs one of each; the end-to-end tests
+// and benchmarks run several replicas and stop single ones.
+package devstack
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/xiaoclaw/xiaoclaw/pkg/access"
+	"github.com/xiaoclaw/xiaoclaw/pkg/deviceauth"
+	"github.com/xiaoclaw/xiaoclaw/pkg/natsembed"
+	"github.com/xiaoclaw/xiaoclaw/services/devicehub"
+	"github.com/xiaoclaw/xiaoclaw/services/gateway"
+	"github.com/xiaoclaw/xiaoclaw/services/shim"
+)
+
+// DevTenant is the tenant seeded by the development system.
+const DevTenant = "dev"
+
+// Config of a stack. Zero values give `xiaoclaw dev` defaults except for
+// addresses, which default to random loopback ports (tests).
+type Config struct {
+	// DataDir holds the embedded NATS JetStream store. Required with embedded NATS.
+	DataDir string
+	// NATSURL, when set, uses that NATS server instead of an embedded one.
+	NATSURL string
+	// NATSListen is the embedded server's client address ("127.0.0.1:4223");
+	// empty listens on a random loopback port.
+	NATSListen string
+
+	DeviceAddr  string // first hub; further hubs get random ports
+	GatewayAddr string // first gateway; further gateways get random ports
+
+	// DeviceToken and OperatorToken are the dev tenant's credentials.
+	DeviceToken   string
+	OperatorToken string
+
+	Hubs, Shims, Gateways int // replicas; default 1 each
+
+	// Tune lets tests and benchmarks adjust each service's config.
+	TuneHub     func(*devicehub.Config)
+	TuneShim    func(*shim.Config)
+	TuneGateway func(*gateway.Config)
+
+	Log *slog.Logger
+}
+
+// Component is one running service replica.
+type Component struct {
+	Name   string
+	cancel context.CancelFunc
+	done   chan struct{}
+	err    error
+	nc     *nats.Conn
+}
+
+// Stop stops the replica gracefully and waits for it.
+func (c *Component) Stop() error {
+	c.cancel()
+	<-c.done
+	c.nc.Close()
+	return c.err
+}
+
+// Done is closed when the replica has stopped.
+func (c *Component) Done() <-chan struct{} { return c.done }
+
+// Stack is a running system.
+type Stack struct {
+	cfg      Config
+	nats     *natsembed.Server
+	natsURL  string
+	Hubs     []*devicehub.Service
+	Shims    []*shim.Service
+	Gateways []*gateway.Service
+	// Components in start order; Close stops them in reverse.
+	Components []*Component
+	mu         sync.Mutex
+	ctx        context.Context
+}
+
+// Start builds and starts the stack and waits until every replica is ready.
+func Start(ctx context.Context, cfg Config) (*Stack, error) {
+	if cfg.Hubs == 0 {
+		cfg.Hubs = 1
+	}
+	if cfg.Shims == 0 {
+		cfg.Shims = 1
+	}
+	if cfg.Gateways == 0 {
+		cfg.Gateways = 1
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.DeviceToken == "" || cfg.OperatorToken == "" {
+		return nil, errors.New("devstack: DeviceToken and OperatorToken are required")
+	}
+	s := &Stack{cfg: cfg, ctx: ctx}
+	if cfg.NATSURL != "" {
+		s.natsURL = cfg.NATSURL
+	} else {
+		if cfg.DataDir == "" {
+			return nil, errors.New("devstack: DataDir is required with embedded NATS")
+		}
+		ncfg := natsembed.Config{StoreDir: filepath.Join(cfg.DataDir, "nats")}
+		if cfg.NATSListen != "" {
+			host, port, err := splitHostPort(cfg.NATSListen)
+			if err != nil {
+				return nil, fmt.Errorf("devstack: NATS listen address: %w", err)
+			}
+			ncfg.Host, ncfg.Port = host, port
+		}
+		if err := os.MkdirAll(ncfg.StoreDir, 0o755); err != nil {
+			return nil, err
+		}
+		ns, err := natsembed.Start(ncfg)
+		if err != nil {
+			return nil, err
+		}
+		s.nats, s.natsURL = ns, ns.ClientURL()
+	}
+	// Shims first so they see the hubs' first online events; gateways last.
+	for i := range cfg.Shims {
+		if _, err := s.AddShim(fmt.Sprintf("shim-%d", i+1)); err != nil {
+			s.Close()
+			return nil, err
+		}
+	}
+	for i := range cfg.Hubs {
+		addr := "127.0.0.1:0"
+		if i == 0 && cfg.DeviceAddr != "" {
+			addr = cfg.DeviceAddr
+		}
+		if _, err := s.AddHub(fmt.Sprintf("hub-%d", i+1), addr); err != nil {
+			s.Close()
+			return nil, err
+		}
+	}
+	for i := range cfg.Gateways {
+		addr := "127.0.0.1:0"
+		if i == 0 && cfg.GatewayAddr != "" {
+			addr = cfg.GatewayAddr
+		}
+		if _, err := s.AddGateway(fmt.Sprintf("gateway-%d", i+1), addr); err != nil {
+			s.Close()
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+func (s *Stack) connect(name string) (*nats.Conn, error) {
+	if s.nats != nil {
+		return s.nats.Connect(name)
+	}
+	return nats.Connect(s.natsURL, nats.Name(name), nats.MaxReconnects(-1))
+}
+
+// NATSURL is the URL of the stack's NATS server.
+func (s *Stack) NATSURL() string { return s.natsURL }
+
+// Connect opens a NATS connection to the stack's server (for tests).
+func (s *Stack) Connect(name string) (*nats.Conn, error) { return s.connect(name) }
+
+type runner interface {
+	Run(context.Context) error
+	Ready() <-chan struct{}
+}
+
+// start runs svc until its component is stopped and waits for readiness.
+func (s *Stack) start(name string, nc *nats.Conn, svc runner) (*Component, error) {
+	ctx, cancel := context.WithCancel(s.ctx)
+	c := &Component{Name: name, cancel: cancel, done: make(chan struct{}), nc: nc}
+	go func() {
+		defer close(c.done)
+		c.err = svc.Run(ctx)
+	}()
+	select {
+	case <-svc.Ready():
+	case <-c.done:
+		nc.Close()
+		return nil, fmt.Errorf("%s stopped while starting: %v", name, c.err)
+	case <-time.After(30 * time.Second):
+		c.Stop()
+		return nil, fmt.Errorf("%s not ready within 30s", name)
+	}
+	s.mu.Lock()
+	s.Components = append(s.Components, c)
+	s.mu.Unlock()
+	return c, nil
+}
+
+// AddHub starts another devicehub replica listening on addr.
+func (s *Stack) AddHub(name, addr string) (*Component, error) {
+	nc, err := s.connect(name)
+	if err != nil {
+		return nil, err
+	}
+	cfg := devicehub.Config{
+		Instance:   name,
+		DeviceAddr: addr,
+		Auth:       deviceauth.StaticTokens{s.cfg.DeviceToken: DevTenant},
+	}
+	if s.cfg.TuneHub != nil {
+		s.cfg.TuneHub(&cfg)
+	}
+	svc, err := devicehub.New(cfg, nc, s.cfg.Log)
+	if err != nil {
+		nc.Close()
+		return nil, err
+	}
+	c, err := s.start(name, nc, svc)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	s.Hubs = append(s.Hubs, svc)
+	s.mu.Unlock()
+	return c, nil
+}
+
+// AddShim starts another shim replica.
+func (s *Stack) AddShim(name string) (*Component, error) {
+	nc, err := s.connect(name)
+	if err != nil {
+		return nil, err
+	}
+	cfg := shim.Config{Instance: name}
+	if s.cfg.TuneShim != nil {
+		s.cfg.TuneShim(&cfg)
+	}
+	svc, err := shim.New(cfg, nc, s.cfg.Log)
+	if err != nil {
+		nc.Close()
+		return nil, err
+	}
+	c, err := s.start(name, nc, svc)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	s.Shims = append(s.Shims, svc)
+	s.mu.Unlock()
+	return c, nil
+}
+
+// AddGateway starts another gateway replica listening on addr.
+func (s *Stack) AddGateway(name, addr string) (*Component, error) {
+	nc, err := s.connect(name)
+	if err != nil {
+		return nil, err
+	}
+	cfg := gateway.Config{
+		Addr:     addr,
+		Instance: name,
+		Auth: access.StaticTokens{s.cfg.OperatorToken: {
+			Tenant: DevTenant, ID: "dev-operator", Name: "dev operator", Role: access.RoleAdmin,
+		}},
+	}
+	if s.cfg.TuneGateway != nil {
+		s.cfg.TuneGateway(&cfg)
+	}
+	svc, err := gateway.New(cfg, nc, s.cfg.Log)
+	if err != nil {
+		nc.Close()
+		return nil, err
+	}
+	c, err := s.start(name, nc, svc)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	s.Gateways = append(s.Gateways, svc)
+	s.mu.Unlock()
+	return c, nil
+}
+
+// Component returns the running component with that name, or nil.
+func (s *Stack) Component(name string) *Component {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, c := range s.Components {
+		if c.Name == name {
+			return c
+		}
+	}
+	return nil
+}
+
+// DeviceURL is the XiaoZhi WebSocket URL of the i-th hub.
+func (s *Stack) DeviceURL(i int) string {
+	return "ws://" + s.Hubs[i].DeviceAddr() + "/xiaozhi/v1/"
+}
+
+// GatewayURL is the operator WebSocket URL of the i-th gateway.
+func (s *Stack) GatewayURL(i int) string { return s.Gateways[i].URL() }
+
+// Close stops every component in reverse start order, then NATS.
+func (s *Stack) Close() {
+	s.mu.Lock()
+	comps := append([]*Component(nil), s.Components...)
+	s.mu.Unlock()
+	for i := len(comps) - 1; i >= 0; i-- {
+		select {
+		case <-comps[i].Done():
+			comps[i].nc.Close()
+		default:
+			_ = comps[i].Stop()
+		}
+	}
+	if s.nats != nil {
+		s.nats.Shutdown()
+	}
+}
