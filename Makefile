@@ -8,7 +8,7 @@ LDFLAGS := -s -w -X main.version=$(VERSION)
 PKGS = $(shell $(GO) list -m -f '{{.Dir}}/...')
 DATA_DIR ?= $(CURDIR)/.tmp/dev
 
-.PHONY: help build dev test test-race fuzz lint bench load interop tidy clean
+.PHONY: help build dev test test-go test-race fuzz lint bench interop images helm-tools helm-test tidy clean
 
 help: ## show this help
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -23,7 +23,9 @@ build: ## build bin/xiaoclaw and the three service binaries
 dev: build ## run the whole system in one process with embedded NATS and store
 	bin/xiaoclaw dev --data-dir $(DATA_DIR)
 
-test: ## run every test of every module (needs Postgres on 127.0.0.1:5432)
+test: test-go helm-test ## run every test: all Go modules, then the Helm chart checks
+
+test-go: ## run the Go tests of every module (needs Postgres on 127.0.0.1:5432)
 	$(GO) test -count=1 -timeout 10m $(PKGS)
 
 test-race: ## run the tests with the race detector
@@ -51,6 +53,15 @@ bench: ## run the benchmarks (figures as ratios within one run)
 interop: ## run the real OpenClaw CLI and node host against xiaoclaw (installs OpenClaw from npm)
 	bash ../shared/tools/openclaw/openclaw-ref.sh install
 	$(GO) test -count=1 -tags interop -run Interop -timeout 10m $(PKGS)
+
+images: ## build the container images (prints the commands when no Docker engine runs)
+	deploy/scripts/images.sh
+
+helm-tools: ## build helm, kubeconform and the offline Kubernetes schemas into .tools/ (cached)
+	deploy/scripts/helm-tools.sh
+
+helm-test: ## lint, render and validate the Helm chart (builds the tools on first use)
+	deploy/scripts/helm-test.sh
 
 tidy: ## go mod tidy -e in every module (plain tidy fails on a test-only dependency of sqlite)
 	@for d in $$($(GO) list -m -f '{{.Dir}}'); do (cd $$d && $(GO) mod tidy -e) || exit 1; done
