@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
+	"github.com/xiaoclaw/xiaoclaw/services/shim/internal/jsonobj"
 	"github.com/xiaoclaw/xiaoclaw/services/shim/internal/translate"
 )
 
@@ -111,22 +112,35 @@ func (s *Service) invoke(msg *nats.Msg) (json.RawMessage, *wire.Fault) {
 	return payload, fault
 }
 
-// parseInvoke reads the tenant from a node.invoke subject and decodes the
-// request; params stay raw for translate.Prepare.
+// parseInvoke reads the tenant from a node.invoke subject and picks nodeId,
+// command and params out of the request; params stay a slice of data for
+// translate.Prepare (the idempotency key is the gateway's business).
 func parseInvoke(subject string, data []byte) (string, wire.InvokeRequest, *wire.Fault) {
 	var req wire.InvokeRequest
 	tenant, ok := wire.TenantFromSubject(subject)
 	if !ok {
 		return "", req, &wire.Fault{Code: wire.FaultInvalidRequest, Message: "invalid tenant"}
 	}
-	if err := json.Unmarshal(data, &req); err != nil {
-		return "", req, &wire.Fault{Code: wire.FaultInvalidRequest, Message: "node.invoke request is not valid JSON"}
+	var nodeRaw, commandRaw []byte
+	err := jsonobj.Walk(data, func(m jsonobj.Member) bool {
+		switch {
+		case m.Is("nodeId"):
+			nodeRaw = m.Value
+		case m.Is("command"):
+			commandRaw = m.Value
+		case m.Is("params"):
+			req.Params = m.Value
+		}
+		return true
+	})
+	if err != nil {
+		return "", req, &wire.Fault{Code: wire.FaultInvalidRequest, Message: "node.invoke request is not a JSON object"}
 	}
-	if req.NodeID == "" {
-		return "", req, &wire.Fault{Code: wire.FaultInvalidRequest, Message: "nodeId is required"}
+	if req.NodeID, ok = jsonobj.String(nodeRaw); !ok || req.NodeID == "" {
+		return "", req, &wire.Fault{Code: wire.FaultInvalidRequest, Message: "nodeId must be a non-empty string"}
 	}
-	if req.Command == "" {
-		return "", req, &wire.Fault{Code: wire.FaultInvalidRequest, Message: "command is required"}
+	if req.Command, ok = jsonobj.String(commandRaw); !ok || req.Command == "" {
+		return "", req, &wire.Fault{Code: wire.FaultInvalidRequest, Message: "command must be a non-empty string"}
 	}
 	return tenant, req, nil
 }

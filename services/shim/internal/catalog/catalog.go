@@ -41,8 +41,14 @@ type Tool struct {
 	schemaRaw json.RawMessage
 	schemas   *Schemas
 
-	once   sync.Once
-	schema *jsonschema.Schema
+	once     sync.Once
+	compiled *compiled
+}
+
+// compiled is a tool's input schema, ready to check arguments.
+type compiled struct {
+	schema *jsonschema.Schema // nil: the schema does not compile
+	flat   *flatSchema        // nil: the schema is not flat
 }
 
 // New returns the catalog held in raw (a JSON array of MCP tools; empty means
@@ -120,8 +126,12 @@ func (e *ArgumentError) Error() string {
 // inputSchema and returns an *ArgumentError when they do not match. A tool
 // without a usable schema accepts any arguments.
 func (t *Tool) Validate(args json.RawMessage) error {
-	t.once.Do(func() { t.schema = t.schemas.compile(t.schemaRaw) })
-	if t.schema == nil {
+	t.once.Do(func() { t.compiled = t.schemas.compile(t.schemaRaw) })
+	c := t.compiled
+	if c == nil || c.schema == nil {
+		return nil
+	}
+	if c.flat != nil && c.flat.plainlyValid(args) {
 		return nil
 	}
 	var inst any = map[string]any{}
@@ -132,7 +142,7 @@ func (t *Tool) Validate(args json.RawMessage) error {
 		}
 		inst = v
 	}
-	err := t.schema.Validate(inst)
+	err := c.schema.Validate(inst)
 	if err == nil {
 		return nil
 	}
@@ -148,7 +158,7 @@ func (t *Tool) Validate(args json.RawMessage) error {
 // concurrent use.
 type Schemas struct {
 	mu       sync.Mutex
-	compiled map[string]*jsonschema.Schema // nil value: the schema does not compile
+	compiled map[string]*compiled
 	max      int
 	printer  *message.Printer
 }
@@ -159,14 +169,14 @@ func NewSchemas(max int) *Schemas {
 	if max <= 0 {
 		max = 4096
 	}
-	return &Schemas{compiled: map[string]*jsonschema.Schema{}, max: max, printer: message.NewPrinter(language.English)}
+	return &Schemas{compiled: map[string]*compiled{}, max: max, printer: message.NewPrinter(language.English)}
 }
 
 // maxSchemaBytes bounds what the shim compiles; bigger schemas are left to
 // the device to enforce.
 const maxSchemaBytes = 64 << 10
 
-func (s *Schemas) compile(raw json.RawMessage) *jsonschema.Schema {
+func (s *Schemas) compile(raw json.RawMessage) *compiled {
 	raw = bytes.TrimSpace(raw)
 	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) || len(raw) > maxSchemaBytes {
 		return nil
@@ -191,21 +201,21 @@ func (s *Schemas) compile(raw json.RawMessage) *jsonschema.Schema {
 // against it and are then refused by the loader.
 const schemaURL = "https://xiaoclaw.invalid/tool-input-schema.json"
 
-func compileSchema(raw []byte) *jsonschema.Schema {
+func compileSchema(raw []byte) *compiled {
 	doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(raw))
 	if err != nil {
-		return nil
+		return &compiled{}
 	}
 	c := jsonschema.NewCompiler()
 	c.UseLoader(refuseLoader{})
 	if err := c.AddResource(schemaURL, doc); err != nil {
-		return nil
+		return &compiled{}
 	}
 	sch, err := c.Compile(schemaURL)
 	if err != nil {
-		return nil
+		return &compiled{}
 	}
-	return sch
+	return &compiled{schema: sch, flat: newFlatSchema(doc)}
 }
 
 // refuseLoader keeps device-supplied schemas from reading files or URLs.

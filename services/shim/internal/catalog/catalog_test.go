@@ -1,12 +1,15 @@
 package catalog
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/santhosh-tekuri/jsonschema/v6"
 )
 
 const tools = `[
@@ -101,7 +104,7 @@ func TestSchemaCannotReadFiles(t *testing.T) {
 		if err := tool.Validate(json.RawMessage(`{"a":1}`)); err != nil {
 			t.Errorf("$ref %s was followed: %v", ref, err)
 		}
-		if tool.schema != nil {
+		if tool.compiled.schema != nil {
 			t.Errorf("schema with $ref %s compiled", ref)
 		}
 	}
@@ -121,7 +124,7 @@ func TestSchemasSharedAcrossCatalogs(t *testing.T) {
 	b, _ := New(json.RawMessage(tools), s).Tool("self.audio_speaker.set_volume")
 	_ = a.Validate(nil)
 	_ = b.Validate(nil)
-	if a.schema == nil || a.schema != b.schema {
+	if a.compiled.schema == nil || a.compiled != b.compiled {
 		t.Error("identical schemas were compiled twice")
 	}
 	small := NewSchemas(1)
@@ -148,4 +151,81 @@ func BenchmarkValidate(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+func TestFlatSchemaRecognised(t *testing.T) {
+	tests := []struct {
+		schema string
+		flat   bool
+	}{
+		{`{"type":"object","properties":{}}`, true},
+		{`{"type":"object","properties":{"volume":{"type":"integer","minimum":0,"maximum":100}},"required":["volume"]}`, true},
+		{`{"type":"object","properties":{"on":{"type":"boolean","default":true},"s":{"type":"string","description":"d"}},"additionalProperties":false}`, true},
+		{`{"type":"object","properties":{"s":{"type":"string","maxLength":3}}}`, false},
+		{`{"type":"object","properties":{"s":{"type":"string","minimum":3}}}`, false},
+		{`{"type":"object","properties":{"a":{"type":"array"}}}`, false},
+		{`{"type":"object","properties":{"a":{"enum":[1,2]}}}`, false},
+		{`{"type":"object","required":["ghost"]}`, false},
+		{`{"properties":{}}`, false},
+		{`{"type":"object","properties":{"n":{"type":"integer","maximum":1e300}}}`, false},
+		{`{"type":"object","allOf":[{}]}`, false},
+	}
+	for _, tt := range tests {
+		c := compileSchema([]byte(tt.schema))
+		if c.schema == nil {
+			t.Fatalf("%s does not compile", tt.schema)
+		}
+		if (c.flat != nil) != tt.flat {
+			t.Errorf("%s: flat = %v, want %v", tt.schema, c.flat != nil, tt.flat)
+		}
+	}
+}
+
+func TestValidateFlatPathDoesNotAllocate(t *testing.T) {
+	tool, _ := New(json.RawMessage(tools), NewSchemas(0)).Tool("self.audio_speaker.set_volume")
+	args := json.RawMessage(`{"volume":50}`)
+	if allocs := testing.AllocsPerRun(100, func() { _ = tool.Validate(args) }); allocs != 0 {
+		t.Errorf("valid arguments cost %.0f allocations", allocs)
+	}
+}
+
+// FuzzFlatAgrees checks the flat check against the full validator: whatever
+// the flat check calls valid, the full validator must accept too.
+func FuzzFlatAgrees(f *testing.F) {
+	schemas := []string{
+		`{"type":"object","properties":{"volume":{"type":"integer","minimum":0,"maximum":100}},"required":["volume"]}`,
+		`{"type":"object","properties":{"r":{"type":"integer","minimum":-5},"on":{"type":"boolean"},"s":{"type":"string"},"x":{"type":"number","maximum":2.5}},"required":["r","s"],"additionalProperties":false}`,
+		`{"type":"object","properties":{}}`,
+	}
+	var cs []*compiled
+	for _, s := range schemas {
+		c := compileSchema([]byte(s))
+		if c.flat == nil {
+			f.Fatalf("%s is not flat", s)
+		}
+		cs = append(cs, c)
+	}
+	for _, a := range []string{`{"volume":50}`, `{"volume":100}`, `{"volume":101}`, `{"volume":-0}`, `{"volume":1.0}`, `{"volume":1e2}`,
+		`{"r":-5,"s":"x","on":true,"x":2}`, `{"r":-6,"s":""}`, `{"r":1,"s":"a","z":1}`, `{"r":1,"s":"a","r":2}`, `{"x":3}`, `{}`,
+		`{"volume":9007199254740993}`, `{"vol\u0075me":5}`} {
+		f.Add(uint8(0), []byte(a))
+		f.Add(uint8(1), []byte(a))
+	}
+	f.Fuzz(func(t *testing.T, which uint8, args []byte) {
+		c := cs[int(which)%len(cs)]
+		if !c.flat.plainlyValid(args) {
+			return
+		}
+		inst := any(map[string]any{})
+		if len(args) > 0 {
+			v, err := jsonschema.UnmarshalJSON(bytes.NewReader(args))
+			if err != nil {
+				t.Fatalf("flat check accepted invalid JSON %q", args)
+			}
+			inst = v
+		}
+		if err := c.schema.Validate(inst); err != nil {
+			t.Fatalf("flat check accepted %q, full validator: %v", args, err)
+		}
+	})
 }

@@ -12,10 +12,12 @@ package translate
 import (
 	"bytes"
 	"encoding/json"
+	"strconv"
 	"strings"
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
 	"github.com/xiaoclaw/xiaoclaw/services/shim/internal/catalog"
+	"github.com/xiaoclaw/xiaoclaw/services/shim/internal/jsonobj"
 )
 
 // Commands a XiaoZhi node declares.
@@ -79,7 +81,7 @@ func Prepare(command string, params json.RawMessage, t Target) (Call, *wire.Faul
 		p := params
 		if len(p) == 0 {
 			p = []byte(initializeParams)
-		} else if !json.Valid(p) {
+		} else if jsonobj.Walk(p, func(jsonobj.Member) bool { return false }) != nil {
 			return Call{}, invalid("params are not valid JSON")
 		}
 		return Call{Command: command, Method: "initialize", Request: request("initialize", p)}, nil
@@ -94,41 +96,56 @@ func Prepare(command string, params json.RawMessage, t Target) (Call, *wire.Faul
 }
 
 func prepareToolsList(params json.RawMessage) (Call, *wire.Fault) {
-	var p struct {
-		Cursor        *json.RawMessage `json:"cursor"`
-		WithUserTools *json.RawMessage `json:"withUserTools"`
-	}
-	if f := decodeStrict(params, &p, CommandToolsList); f != nil {
-		return Call{}, f
-	}
-	if p.Cursor != nil && !isString(*p.Cursor) {
-		return Call{}, invalid("cursor must be a string")
-	}
-	if p.WithUserTools != nil && !isBool(*p.WithUserTools) {
-		return Call{}, invalid("withUserTools must be a boolean")
-	}
 	if len(params) == 0 {
 		params = []byte("{}")
+	}
+	var f *wire.Fault
+	err := walkParams(params, &f, func(m jsonobj.Member) bool {
+		switch {
+		case m.Is("cursor"):
+			if !jsonobj.IsString(m.Value) {
+				f = invalid("cursor must be a string")
+			}
+		case m.Is("withUserTools"):
+			if !jsonobj.IsBool(m.Value) {
+				f = invalid("withUserTools must be a boolean")
+			}
+		default:
+			f = unknownParam(m, CommandToolsList)
+		}
+		return f == nil
+	})
+	if err != nil {
+		return Call{}, err
 	}
 	return Call{Command: CommandToolsList, Method: "tools/list", Request: request("tools/list", params)}, nil
 }
 
 func prepareToolsCall(params json.RawMessage, t Target) (Call, *wire.Fault) {
-	var p struct {
-		Name      *json.RawMessage `json:"name"`
-		Arguments *json.RawMessage `json:"arguments"`
+	var nameRaw, argsRaw []byte
+	var f *wire.Fault
+	err := walkParams(params, &f, func(m jsonobj.Member) bool {
+		switch {
+		case m.Is("name"):
+			nameRaw = m.Value
+		case m.Is("arguments"):
+			argsRaw = m.Value
+		default:
+			f = unknownParam(m, CommandToolsCall)
+		}
+		return f == nil
+	})
+	if err != nil {
+		return Call{}, err
 	}
-	if f := decodeStrict(params, &p, CommandToolsCall); f != nil {
-		return Call{}, f
-	}
-	if p.Name == nil {
+	if nameRaw == nil {
 		return Call{}, invalid("name is required")
 	}
-	var name string
-	if !isString(*p.Name) || json.Unmarshal(*p.Name, &name) != nil {
+	name, ok := jsonobj.String(nameRaw)
+	if !ok {
 		return Call{}, invalid("name must be a string")
 	}
-	args, f := arguments(p.Arguments)
+	args, f := arguments(argsRaw)
 	if f != nil {
 		return Call{}, f
 	}
@@ -139,7 +156,7 @@ func prepareToolsCall(params json.RawMessage, t Target) (Call, *wire.Fault) {
 	if err := tool.Validate(args); err != nil {
 		return Call{}, invalid(err.Error())
 	}
-	return Call{Command: CommandToolsCall, Method: "tools/call", Tool: name, Request: toolsCallRequest(*p.Name, args)}, nil
+	return Call{Command: CommandToolsCall, Method: "tools/call", Tool: name, Request: toolsCallRequest(nameRaw, args)}, nil
 }
 
 // prepareToolsCallV1 follows OpenClaw's node host: server and tool are
@@ -149,19 +166,27 @@ func prepareToolsCallV1(params json.RawMessage, t Target) (Call, *wire.Fault) {
 	if len(params) == 0 {
 		return Call{}, invalid("params required")
 	}
-	var p struct {
-		Server    json.RawMessage  `json:"server"`
-		Tool      json.RawMessage  `json:"tool"`
-		Arguments *json.RawMessage `json:"arguments"`
-	}
-	if err := json.Unmarshal(params, &p); err != nil {
+	var serverRaw, toolRaw, argsRaw []byte
+	if jsonobj.Walk(params, func(m jsonobj.Member) bool {
+		switch {
+		case m.Is("server"):
+			serverRaw = m.Value
+		case m.Is("tool"):
+			toolRaw = m.Value
+		case m.Is("arguments"):
+			argsRaw = m.Value
+		}
+		return true
+	}) != nil {
 		return Call{}, invalid("params are not valid JSON")
 	}
-	server, tool := trimmedString(p.Server), trimmedString(p.Tool)
+	server, _ := jsonobj.String(serverRaw)
+	tool, _ := jsonobj.String(toolRaw)
+	server, tool = strings.TrimSpace(server), strings.TrimSpace(tool)
 	if server == "" || tool == "" {
 		return Call{}, invalid("server and tool required")
 	}
-	args, f := arguments(p.Arguments)
+	args, f := arguments(argsRaw)
 	if f != nil {
 		return Call{}, f
 	}
@@ -175,21 +200,44 @@ func prepareToolsCallV1(params json.RawMessage, t Target) (Call, *wire.Fault) {
 	if err := tl.Validate(args); err != nil {
 		return Call{}, invalid(err.Error())
 	}
-	name, _ := json.Marshal(tool)
+	name := toolRaw
+	if string(toolRaw[1:len(toolRaw)-1]) != tool { // trimmed or unescaped: quote it afresh
+		name, _ = json.Marshal(tool)
+	}
 	return Call{Command: CommandToolsCallV1, Method: "tools/call", Tool: tool, Request: toolsCallRequest(name, args)}, nil
 }
 
-// arguments returns the tool arguments (absent means {}); they must be a JSON
-// object.
-func arguments(raw *json.RawMessage) (json.RawMessage, *wire.Fault) {
-	if raw == nil {
+// arguments returns the tool arguments (absent or null means {}); they must
+// be a JSON object without repeated keys, since the device and the validator
+// could otherwise read different values for one argument.
+func arguments(raw []byte) (json.RawMessage, *wire.Fault) {
+	if raw == nil || jsonobj.IsNull(raw) {
 		return json.RawMessage("{}"), nil
 	}
-	a := bytes.TrimSpace(*raw)
-	if len(a) == 0 || a[0] != '{' {
+	if !jsonobj.IsObject(raw) {
 		return nil, invalid("arguments must be a JSON object")
 	}
-	return a, nil
+	var seen [16][]byte
+	keys := seen[:0]
+	var dup string
+	_ = jsonobj.Walk(raw, func(m jsonobj.Member) bool {
+		if m.Escaped {
+			k := []byte(m.Name())
+			m.Key = k
+		}
+		for _, k := range keys {
+			if bytes.Equal(k, m.Key) {
+				dup = string(m.Key)
+				return false
+			}
+		}
+		keys = append(keys, m.Key)
+		return true
+	})
+	if dup != "" {
+		return nil, invalid(`argument "` + dup + `" appears more than once`)
+	}
+	return raw, nil
 }
 
 func request(method string, params []byte) []byte {
@@ -211,84 +259,65 @@ func toolsCallRequest(name, args []byte) []byte {
 	return append(b, "}}"...)
 }
 
-// decodeStrict decodes a params object into v, refusing keys v does not
-// declare, so a typo such as "args" fails instead of calling with no
-// arguments.
-func decodeStrict(params json.RawMessage, v any, command string) *wire.Fault {
+// walkParams walks a params object with fn, which records a fault in *f to
+// stop. It returns the fault, or one for params that are not JSON.
+func walkParams(params json.RawMessage, f **wire.Fault, fn func(jsonobj.Member) bool) *wire.Fault {
 	if len(params) == 0 {
 		return nil
 	}
-	d := json.NewDecoder(bytes.NewReader(params))
-	d.DisallowUnknownFields()
-	if err := d.Decode(v); err != nil {
-		msg := err.Error()
-		if field, ok := strings.CutPrefix(msg, "json: unknown field "); ok {
-			return invalid("unknown parameter " + field + " for " + command)
-		}
+	if jsonobj.Walk(params, fn) != nil {
 		return invalid("params are not valid JSON")
 	}
-	if d.More() {
-		return invalid("params are not valid JSON")
-	}
-	return nil
+	return *f
 }
 
-func isString(raw json.RawMessage) bool { return len(raw) > 0 && raw[0] == '"' }
-
-func isBool(raw json.RawMessage) bool {
-	return bytes.Equal(raw, []byte("true")) || bytes.Equal(raw, []byte("false"))
-}
-
-func trimmedString(raw json.RawMessage) string {
-	var s string
-	if !isString(raw) || json.Unmarshal(raw, &s) != nil {
-		return ""
-	}
-	return strings.TrimSpace(s)
+func unknownParam(m jsonobj.Member, command string) *wire.Fault {
+	return invalid("unknown parameter " + strconv.Quote(m.Name()) + " for " + command)
 }
 
 func invalid(msg string) *wire.Fault {
 	return &wire.Fault{Code: wire.FaultInvalidRequest, Message: msg}
 }
 
-// rpcResponse is a JSON-RPC 2.0 response as a XiaoZhi device sends it.
-type rpcResponse struct {
-	Result json.RawMessage `json:"result"`
-	Error  json.RawMessage `json:"error"`
-}
-
-type rpcError struct {
-	Message string `json:"message"`
-}
-
 // Reply maps what came back from the devicehub to the node.invoke payload,
 // or a fault. faultCode is the reply's wire.HeaderFault value ("" for a
-// device response); data is the reply body.
+// device response); data is the reply body. The payload is a sub-slice of
+// data.
 func (c *Call) Reply(faultCode string, data []byte) (json.RawMessage, *wire.Fault) {
 	if faultCode != "" {
 		return nil, hubFault(faultCode, data)
 	}
-	var r rpcResponse
-	if err := json.Unmarshal(data, &r); err != nil {
+	var result, rpcErr []byte
+	if jsonobj.Walk(data, func(m jsonobj.Member) bool {
+		switch {
+		case m.Is("result"):
+			result = m.Value
+		case m.Is("error"):
+			rpcErr = m.Value
+		}
+		return true
+	}) != nil {
 		return nil, &wire.Fault{Code: wire.FaultUnavailable, Message: "device sent an invalid JSON-RPC response"}
 	}
-	if len(r.Error) > 0 && !bytes.Equal(r.Error, []byte("null")) {
-		return nil, c.deviceError(r.Error)
+	if rpcErr != nil && !jsonobj.IsNull(rpcErr) {
+		return nil, c.deviceError(rpcErr)
 	}
-	if len(r.Result) == 0 || bytes.Equal(r.Result, []byte("null")) {
+	if result == nil || jsonobj.IsNull(result) {
 		return nil, &wire.Fault{Code: wire.FaultUnavailable, Message: "device sent a JSON-RPC response without result"}
 	}
 	if c.Command == CommandToolsCallV1 {
-		return toolResultV1(r.Result)
+		return toolResultV1(result)
 	}
-	return r.Result, nil
+	return result, nil
 }
 
 // deviceError maps a JSON-RPC error. XiaoZhi firmware sends only a message,
 // no code; the error object travels verbatim in details.rpcError.
 func (c *Call) deviceError(raw json.RawMessage) *wire.Fault {
-	var e rpcError
-	_ = json.Unmarshal(raw, &e) // a malformed error object still is an error
+	var e struct {
+		Message string `json:"message"`
+	}
+	_ = json.Unmarshal(raw, &e) // an error object without a message still is an error
 	msg := strings.TrimSpace(e.Message)
 	if msg == "" {
 		msg = "device returned an error"
@@ -308,26 +337,33 @@ func (c *Call) deviceError(raw json.RawMessage) *wire.Fault {
 // host returns it for mcp.tools.call.v1: content, structuredContent when
 // present, isError only when true.
 func toolResultV1(result json.RawMessage) (json.RawMessage, *wire.Fault) {
-	var r struct {
-		Content           json.RawMessage `json:"content"`
-		StructuredContent json.RawMessage `json:"structuredContent"`
-		IsError           bool            `json:"isError"`
-	}
-	if err := json.Unmarshal(result, &r); err != nil || len(r.Content) > 0 && r.Content[0] != '[' && !bytes.Equal(r.Content, []byte("null")) {
+	var content, structured []byte
+	isError := false
+	err := jsonobj.Walk(result, func(m jsonobj.Member) bool {
+		switch {
+		case m.Is("content"):
+			content = m.Value
+		case m.Is("structuredContent"):
+			structured = m.Value
+		case m.Is("isError"):
+			isError = string(m.Value) == "true"
+		}
+		return true
+	})
+	if err != nil || content != nil && content[0] != '[' && !jsonobj.IsNull(content) {
 		return nil, &wire.Fault{Code: wire.FaultUnavailable, Message: "device sent a tool result that is not an MCP CallToolResult"}
 	}
-	content := r.Content
-	if len(content) == 0 || bytes.Equal(content, []byte("null")) {
-		content = json.RawMessage("[]")
+	if content == nil || jsonobj.IsNull(content) {
+		content = []byte("[]")
 	}
-	b := make([]byte, 0, len(content)+len(r.StructuredContent)+64)
+	b := make([]byte, 0, len(content)+len(structured)+64)
 	b = append(b, `{"content":`...)
 	b = append(b, content...)
-	if len(r.StructuredContent) > 0 && !bytes.Equal(r.StructuredContent, []byte("null")) {
+	if structured != nil && !jsonobj.IsNull(structured) {
 		b = append(b, `,"structuredContent":`...)
-		b = append(b, r.StructuredContent...)
+		b = append(b, structured...)
 	}
-	if r.IsError {
+	if isError {
 		b = append(b, `,"isError":true`...)
 	}
 	return append(b, '}'), nil
