@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"log/slog"
 	"os"
+	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -177,7 +179,7 @@ func (e *env) shim(tenant string, answer func(req wire.InvokeRequest, m *nats.Ms
 		s.calls = append(s.calls, shimCall{req, m.Header})
 		s.mu.Unlock()
 		if answer != nil {
-			answer(req, m)
+			go answer(req, m) // a slow answer must not hold up the others
 		}
 	})
 	if err != nil {
@@ -320,4 +322,16 @@ func waitListed(t *testing.T, c *gwtest.Client, nodeID string, connected bool) n
 		return false
 	})
 	return found
+}
+
+// replyFault answers with a failed wire.InvokeReply.
+func replyFault(m *nats.Msg, code, message string) {
+	reply(m, wire.InvokeReply{Error: &wire.Fault{Code: code, Message: message}})
+}
+
+var keySeq atomic.Int64
+
+// newKey returns a fresh idempotency key.
+func newKey() string {
+	return "key-" + strconv.FormatInt(keySeq.Add(1), 10) + "-" + strconv.FormatInt(time.Now().UnixNano(), 36)
 }

@@ -22,6 +22,9 @@ import (
 	"github.com/xiaoclaw/xiaoclaw/services/gateway"
 )
 
+// version is set at build time (-ldflags "-X main.version=...").
+var version = "dev"
+
 func main() {
 	if err := run(os.Args[1:]); err != nil {
 		fmt.Fprintln(os.Stderr, "gateway:", err)
@@ -90,6 +93,7 @@ func run(args []string) error {
 	svc, err := gateway.New(gateway.Config{
 		Addr:             *addr,
 		Instance:         *instance,
+		Version:          "xiaoclaw-" + version,
 		Auth:             auth,
 		HandshakeTimeout: *handshake,
 		MaxInvokeTimeout: *maxInvoke,
@@ -109,7 +113,7 @@ func run(args []string) error {
 	}()
 	defer ops.Close()
 
-	log.Info("gateway starting", "addr", svc.Addr(), "ops", *opsAddr, "nats", *natsURL)
+	log.Info("gateway starting", "version", version, "addr", svc.Addr(), "ops", *opsAddr, "nats", *natsURL)
 	return svc.Run(ctx)
 }
 

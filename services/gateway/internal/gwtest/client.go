@@ -205,6 +205,11 @@ func (c *Client) CallID(ctx context.Context, id, method string, params any) (Fra
 	case f := <-ch:
 		return f, nil
 	case <-c.done:
+		select {
+		case f := <-ch: // the response came just before the close
+			return f, nil
+		default:
+		}
 		return Frame{}, fmt.Errorf("socket closed before the response to %s", method)
 	case <-ctx.Done():
 		return Frame{}, ctx.Err()
