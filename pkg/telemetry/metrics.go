@@ -9,6 +9,7 @@ package telemetry
 import (
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
@@ -201,4 +202,11 @@ func CommandLabel(command string) string {
 		return command
 	}
 	return "other"
+}
+
+// MCPCommand names the node command behind an MCP method, for the command
+// label at the devicehub: "tools/call" is "mcp.tools.call", "initialize" is
+// "mcp.initialize".
+func MCPCommand(method string) string {
+	return "mcp." + strings.ReplaceAll(method, "/", ".")
 }

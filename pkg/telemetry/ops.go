@@ -78,11 +78,9 @@ type OpsServer struct {
 }
 
 // NewOpsServer builds the ops server. Handler can be mounted elsewhere (the
-// gateway's port in `xiaoclaw dev`) instead of calling Run.
+// gateway's port in `xiaoclaw dev`) instead of calling Run; Addr is needed
+// only by Run.
 func NewOpsServer(cfg OpsConfig, log *slog.Logger) (*OpsServer, error) {
-	if cfg.Addr == "" {
-		return nil, errors.New("telemetry: ops server address is required")
-	}
 	if cfg.CheckTimeout <= 0 {
 		cfg.CheckTimeout = 2 * time.Second
 	}
@@ -133,6 +131,9 @@ func (s *OpsServer) Addr() string {
 
 // Run listens and serves until ctx is done, then shuts down and returns nil.
 func (s *OpsServer) Run(ctx context.Context) error {
+	if s.cfg.Addr == "" {
+		return errors.New("telemetry: ops server address is required")
+	}
 	ln, err := net.Listen("tcp", s.cfg.Addr)
 	if err != nil {
 		return fmt.Errorf("telemetry: ops server: %w", err)

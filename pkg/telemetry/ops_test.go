@@ -178,7 +178,6 @@ func TestReadyzCheckTimeoutAndSecrets(t *testing.T) {
 
 func TestOpsConfigIsValidated(t *testing.T) {
 	for _, cfg := range []telemetry.OpsConfig{
-		{},
 		{Addr: ":0", Checks: []telemetry.Check{{Name: "x"}}},
 		{Addr: ":0", Checks: []telemetry.Check{telemetry.ChannelCheck("a", nil), telemetry.ChannelCheck("a", nil)}},
 	} {
@@ -186,9 +185,14 @@ func TestOpsConfigIsValidated(t *testing.T) {
 			t.Errorf("config %+v accepted", cfg)
 		}
 	}
-	srv, _ := telemetry.NewOpsServer(telemetry.OpsConfig{Addr: "256.0.0.1:99999"}, nil)
-	if err := srv.Run(context.Background()); err == nil {
-		t.Error("Run on an impossible address returned nil")
+	for _, addr := range []string{"", "256.0.0.1:99999"} {
+		srv, err := telemetry.NewOpsServer(telemetry.OpsConfig{Addr: addr}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := srv.Run(context.Background()); err == nil {
+			t.Errorf("Run on address %q returned nil", addr)
+		}
 	}
 }
 
@@ -288,6 +292,11 @@ func TestMetricsDeclarations(t *testing.T) {
 	}
 	if _, err := telemetry.NewInvokes(nil); err == nil {
 		t.Error("nil registerer accepted")
+	}
+	for method, want := range map[string]string{"tools/call": "mcp.tools.call", "tools/list": "mcp.tools.list", "initialize": "mcp.initialize", "x/y": "other"} {
+		if got := telemetry.CommandLabel(telemetry.MCPCommand(method)); got != want {
+			t.Errorf("CommandLabel(MCPCommand(%q)) = %q, want %q", method, got, want)
+		}
 	}
 	if n := testutil.CollectAndCount(invokes); n != 3 {
 		t.Errorf("invokes has %d series, want 3", n)

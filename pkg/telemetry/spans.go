@@ -69,7 +69,9 @@ func StartNATSRequest(ctx context.Context, tracer trace.Tracer, msg *nats.Msg, i
 }
 
 // EndNATSRequest ends a span from StartNATSRequest with the outcome of the
-// request: the transport error, else the Xc-Fault header of the reply.
+// request: the transport error, else the Xc-Fault header of the reply. When
+// the reply reports its error in the payload (wire.InvokeReply), decode it
+// and call EndSpan with its code instead.
 func EndNATSRequest(span trace.Span, reply *nats.Msg, err error) {
 	code := FaultCode(err)
 	if err == nil && reply != nil && reply.Header != nil {
@@ -100,14 +102,15 @@ func setMessagingAttributes(span trace.Span, op, opType string, msg *nats.Msg, i
 			info.Tenant = t
 		}
 	}
-	attrs := make([]attribute.KeyValue, 0, 14)
+	// destination.name holds the template: the real subject would put tenant
+	// and device ids into a field meant for grouping; they have attributes
+	// of their own.
+	attrs := make([]attribute.KeyValue, 0, 12)
 	attrs = append(attrs,
 		semconv.MessagingSystemKey.String("nats"),
 		semconv.MessagingOperationName(op),
 		semconv.MessagingOperationTypeKey.String(opType),
 		semconv.MessagingDestinationName(tmpl),
-		semconv.MessagingDestinationTemplate(tmpl),
-		semconv.MessagingMessageBodySize(len(msg.Data)),
 	)
 	span.SetAttributes(info.Attributes(attrs)...)
 }

@@ -156,12 +156,13 @@ func (m *miniSystem) invoke(traceparent, node, tool string) (trace.SpanContext, 
 	req, _ := json.Marshal(wire.InvokeRequest{NodeID: node, Command: "mcp.tools.call", Params: json.RawMessage(`{"name":"` + tool + `","arguments":{}}`)})
 	msg := nats.NewMsg(wire.NodeInvoke("acme"))
 	msg.Data = req
-	rctx, cspan := telemetry.StartNATSRequest(ctx, m.gwTracer, msg, info)
-	rctx, cancel := context.WithTimeout(rctx, 5*time.Second)
+	// No client span of its own at the gateway: the operator span covers the
+	// request, so one invoke makes five spans (performance goal 8).
+	telemetry.InjectMsg(ctx, msg)
+	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	res, err := m.gwConn.RequestMsgWithContext(rctx, msg)
 	if err != nil {
-		telemetry.EndNATSRequest(cspan, res, err)
 		telemetry.EndSpan(span, telemetry.FaultCode(err), err)
 		return span.SpanContext(), nil, err
 	}
@@ -169,13 +170,10 @@ func (m *miniSystem) invoke(traceparent, node, tool string) (trace.SpanContext, 
 	if err := json.Unmarshal(res.Data, &rep); err != nil {
 		return span.SpanContext(), nil, err
 	}
-	// An InvokeReply carries its error in the payload, not in Xc-Fault:
-	// end the request span with the decoded code.
 	code := ""
 	if rep.Error != nil {
 		code = rep.Error.Code
 	}
-	telemetry.EndSpan(cspan, code, nil)
 	telemetry.EndSpan(span, code, nil)
 	return span.SpanContext(), &rep, nil
 }
@@ -192,14 +190,13 @@ func TestOneTraceFromOperatorFrameToDevice(t *testing.T) {
 	if sc.TraceID().String() != "0af7651916cd43dd8448eb211c80319c" {
 		t.Fatalf("gateway span in trace %s, want the operator's trace", sc.TraceID())
 	}
-	spans := rec.WaitForTrace(t, sc.TraceID(), 6)
-	if len(spans) != 6 {
-		t.Fatalf("%d spans in the trace, want 6:\n%s", len(spans), telemetrytest.Dump(spans))
+	spans := rec.WaitForTrace(t, sc.TraceID(), 5)
+	if len(spans) != 5 {
+		t.Fatalf("%d spans in the trace, want 5:\n%s", len(spans), telemetrytest.Dump(spans))
 	}
 	chain := telemetrytest.Chain(spans, telemetrytest.Find(spans, "tools/call"))
 	want := []struct{ service, name, kind string }{
 		{telemetry.ServiceGateway, "node.invoke", "server"},
-		{telemetry.ServiceGateway, "request xc.{tenant}.node.invoke", "client"},
 		{telemetry.ServiceShim, "process xc.{tenant}.node.invoke", "server"},
 		{telemetry.ServiceShim, "request xc.{tenant}.dev.{device}.rpc", "client"},
 		{telemetry.ServiceDevicehub, "process xc.{tenant}.dev.{device}.rpc", "server"},
@@ -229,7 +226,7 @@ func TestOneTraceFromOperatorFrameToDevice(t *testing.T) {
 			t.Errorf("gateway span %s = %q, want %q", k, got, v)
 		}
 	}
-	hubProcess := chain[4]
+	hubProcess := chain[3]
 	for k, v := range map[string]string{
 		"messaging.system": "nats", "messaging.destination.name": "xc.{tenant}.dev.{device}.rpc",
 		"messaging.operation.type": "process", "xiaoclaw.tenant": "acme", "xiaoclaw.device": "a1b2c3d4e5f6",
@@ -238,7 +235,7 @@ func TestOneTraceFromOperatorFrameToDevice(t *testing.T) {
 			t.Errorf("devicehub span %s = %q, want %q", k, got, v)
 		}
 	}
-	dev := chain[5]
+	dev := chain[4]
 	for k, v := range map[string]string{"rpc.system.name": "jsonrpc", "jsonrpc.request.id": "7", "xiaoclaw.transport": "websocket", "xiaoclaw.tool": "self.light.on"} {
 		if got := telemetrytest.Attr(dev, k); got != v {
 			t.Errorf("device span %s = %q, want %q", k, got, v)
@@ -254,7 +251,7 @@ func TestWithoutTraceparentTheGatewayStartsTheTrace(t *testing.T) {
 		if err != nil || !rep.OK {
 			t.Fatalf("invoke: %v %+v", err, rep)
 		}
-		spans := rec.WaitForTrace(t, sc.TraceID(), 6)
+		spans := rec.WaitForTrace(t, sc.TraceID(), 5)
 		root := telemetrytest.Find(spans, "node.invoke")
 		if root.Parent().IsValid() {
 			t.Errorf("traceparent %q: gateway span has parent %v, want a root span", tp, root.Parent())
@@ -279,7 +276,7 @@ func TestUnsampledOperatorTraceIsRecordedNowhere(t *testing.T) {
 	}
 	// A later sampled call proves the handlers ran and finished their spans.
 	sc2, _, _ := m.invoke("", "xz-a1b2c3d4e5f6", "self.light.on")
-	rec.WaitForTrace(t, sc2.TraceID(), 6)
+	rec.WaitForTrace(t, sc2.TraceID(), 5)
 	if got := telemetrytest.InTrace(rec.Spans(), sc.TraceID()); len(got) != 0 {
 		t.Fatalf("unsampled trace recorded:\n%s", telemetrytest.Dump(got))
 	}
@@ -295,7 +292,7 @@ func TestFailuresCarryOutcomeAndErrorCode(t *testing.T) {
 	if err != nil || rep.OK || rep.Error.Code != wire.FaultDeviceError {
 		t.Fatalf("invoke: %v %+v", err, rep)
 	}
-	for _, s := range rec.WaitForTrace(t, sc.TraceID(), 6) {
+	for _, s := range rec.WaitForTrace(t, sc.TraceID(), 5) {
 		if telemetrytest.Attr(s, "xiaoclaw.outcome") != telemetry.OutcomeDeviceError ||
 			telemetrytest.Attr(s, "error.type") != wire.FaultDeviceError || s.Status().Code != codes.Error {
 			t.Errorf("%s %q: outcome %q error.type %q status %v", telemetrytest.Service(s), s.Name(),
@@ -309,7 +306,7 @@ func TestFailuresCarryOutcomeAndErrorCode(t *testing.T) {
 	if err != nil || rep.OK || rep.Error.Code != wire.FaultNotConnected {
 		t.Fatalf("invoke offline device: %v %+v", err, rep)
 	}
-	spans := rec.WaitForTrace(t, sc.TraceID(), 4)
+	spans := rec.WaitForTrace(t, sc.TraceID(), 3)
 	req := telemetrytest.Find(spans, "request xc.{tenant}.dev.{device}.rpc")
 	if req == nil || telemetrytest.Attr(req, "xiaoclaw.outcome") != telemetry.OutcomeOffline {
 		t.Fatalf("offline request span:\n%s", telemetrytest.Dump(spans))

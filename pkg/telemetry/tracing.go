@@ -5,12 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
@@ -513,4 +516,30 @@ func (s traceSettings) newGRPCExporter(ctx context.Context) (sdktrace.SpanExport
 		return nil, "", fmt.Errorf("telemetry: OTLP/gRPC exporter: %w", err)
 	}
 	return exp, desc, nil
+}
+
+// ErrorHandler returns an OpenTelemetry error handler that logs the SDK's
+// own errors (mostly failed exports) at WARN, at most one line per interval
+// with the number of errors held back. OpenTelemetry keeps its error
+// handler process-wide: only main may install it, with
+// otel.SetErrorHandler(telemetry.ErrorHandler(log, time.Minute)).
+func ErrorHandler(log *slog.Logger, interval time.Duration) otel.ErrorHandler {
+	var (
+		mu         sync.Mutex
+		last       time.Time
+		suppressed int
+	)
+	return otel.ErrorHandlerFunc(func(err error) {
+		mu.Lock()
+		now := time.Now()
+		if !last.IsZero() && now.Sub(last) < interval {
+			suppressed++
+			mu.Unlock()
+			return
+		}
+		n := suppressed
+		last, suppressed = now, 0
+		mu.Unlock()
+		log.Warn("opentelemetry error", "err", err, "suppressed_since_last", n)
+	})
 }

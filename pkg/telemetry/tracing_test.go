@@ -3,8 +3,11 @@ package telemetry_test
 import (
 	"bytes"
 	"context"
+	"errors"
+	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
@@ -313,3 +316,21 @@ func TestShutdownFlushesQueuedSpans(t *testing.T) {
 }
 
 var _ sdktrace.SpanProcessor = tracetest.NewSpanRecorder()
+
+func TestErrorHandlerLogsAtMostOncePerInterval(t *testing.T) {
+	log, buf := newTestLogger(t, "json", nil)
+	h := telemetry.ErrorHandler(log, time.Hour)
+	for i := range 5 {
+		h.Handle(fmt.Errorf("export failed %d", i))
+	}
+	lines := jsonLines(t, buf)
+	if len(lines) != 1 || lines[0]["err"] != "export failed 0" || lines[0]["level"] != "WARN" {
+		t.Fatalf("lines %v", lines)
+	}
+	h2 := telemetry.ErrorHandler(log, 0)
+	h2.Handle(errors.New("a"))
+	h2.Handle(errors.New("b"))
+	if n := len(jsonLines(t, buf)); n != 3 {
+		t.Fatalf("%d lines with no interval, want 3", n)
+	}
+}
