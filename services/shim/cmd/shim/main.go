@@ -28,7 +28,10 @@ import (
 var version = "dev"
 
 func main() {
-	if err := run(os.Args[1:], os.Stderr); err != nil {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Stderr)
+	stop()
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "shim:", err)
 		os.Exit(1)
 	}
@@ -42,7 +45,8 @@ func env(name, def string) string {
 	return def
 }
 
-func run(args []string, stderr io.Writer) error {
+// run serves until ctx is done (main cancels it on SIGINT or SIGTERM).
+func run(ctx context.Context, args []string, stderr io.Writer) error {
 	host, _ := os.Hostname()
 	fs := flag.NewFlagSet("shim", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -67,9 +71,6 @@ func run(args []string, stderr io.Writer) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
-
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
 
 	nc, err := nats.Connect(*natsURL,
 		nats.Name("shim "+*instance),
