@@ -43,8 +43,8 @@ func (s *Service) onInvoke(msg *nats.Msg) {
 // deadline is the invoke's deadline: the caller's remaining time capped at
 // MaxTimeout, or DefaultTimeout when the caller sent none.
 func (s *Service) deadline(h nats.Header) time.Time {
-	if h.Get(wire.HeaderTimeout) == "" {
-		return time.Now().Add(s.cfg.DefaultTimeout)
+	if ms, err := strconv.ParseInt(h.Get(wire.HeaderTimeout), 10, 64); err != nil || ms <= 0 {
+		return time.Now().Add(s.cfg.DefaultTimeout) // absent or unreadable
 	}
 	return wire.Deadline(h, s.cfg.MaxTimeout)
 }

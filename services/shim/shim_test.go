@@ -532,3 +532,31 @@ func compact(t *testing.T, s string) string {
 	}
 	return b.String()
 }
+
+func TestInvokeDeadlineFromCaller(t *testing.T) {
+	e, _, d := connectedNode(t)
+	for _, tt := range []struct {
+		header string
+		min    int
+		max    int
+	}{
+		{"", 14000, 15000},         // none: the default 15 s
+		{"soon", 14000, 15000},     // unreadable: the default
+		{"2500", 1, 2500},          // the caller's remaining time
+		{"900000", 299000, 300000}, // capped at 300 s
+	} {
+		data, _ := json.Marshal(wire.InvokeRequest{NodeID: nodeID, Command: "mcp.tools.list"})
+		msg := &nats.Msg{Subject: wire.NodeInvoke(tenant), Header: nats.Header{}, Data: data}
+		if tt.header != "" {
+			msg.Header.Set(wire.HeaderTimeout, tt.header)
+		}
+		if _, err := e.nc.RequestMsg(msg, 5*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		seen := d.seen()
+		got, err := strconv.Atoi(seen[len(seen)-1].Header.Get(wire.HeaderTimeout))
+		if err != nil || got < tt.min || got > tt.max {
+			t.Errorf("caller %q: device request carries %d ms, want %d-%d", tt.header, got, tt.min, tt.max)
+		}
+	}
+}
