@@ -25,6 +25,4 @@ type TenancyChange struct {
 	Tenant string `json:"tenant"`
 	Kind   string `json:"kind"`
 	ID     string `json:"id,omitempty"`
-	// Version is the tenant's version after the change (0 if unknown).
-	Version int64 `json:"version,omitempty"`
 }
