@@ -714,3 +714,39 @@ func TestHelloPipelinedWithUpgradeRequest(t *testing.T) {
 		t.Fatalf("first frame %x %s, want the server hello", hdr, payload)
 	}
 }
+
+func TestSlowConsumerClosed(t *testing.T) {
+	e := newEnv(t)
+	hub := startHub(t, e, devicehub.Config{WriteTimeout: 300 * time.Millisecond, CallTimeout: time.Minute})
+	w := watch(t, e, testTenant, "slow-1")
+	ws := dialRaw(t, hub, "slow-1", testToken)
+	writeText(t, ws, `{"type":"hello","version":1,"transport":"websocket"}`)
+	readText(t, ws) // the server hello; after it this device reads nothing more
+	w.nextKind(wire.DeviceOnline)
+
+	// Large requests fill the socket buffers; then writes stall.
+	body := callBody("x", `{"pad":"`+strings.Repeat("p", 100<<10)+`"}`)
+	const calls = 60
+	replies := make(chan *wireReply, calls)
+	for range calls {
+		go func() {
+			m, err := rpcErr(e.nc, testTenant, "slow-1", body, time.Minute)
+			replies <- &wireReply{m, err}
+		}()
+	}
+	off := w.nextKind(wire.DeviceOffline)
+	if !strings.Contains(off.Reason, "slow consumer") {
+		t.Fatalf("offline reason %q", off.Reason)
+	}
+	for range calls {
+		r := <-replies
+		if r.err != nil && !isNoResponders(r.err) {
+			t.Fatal(r.err)
+		}
+		if r.err == nil {
+			if f := fault(t, r.msg); f.Code != wire.FaultDisconnected {
+				t.Fatalf("call to a slow consumer: %+v", f)
+			}
+		}
+	}
+}

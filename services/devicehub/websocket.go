@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"sync/atomic"
 	"time"
 	"unique"
@@ -72,14 +73,14 @@ func (h *hub) serveWebSocket(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c := &wsConn{hub: h}
-	ws, err := websocket.Accept(smallBufferHijacker{w}, r, &websocket.AcceptOptions{
+	ws, err := websocket.Accept(&smallBufferHijacker{ResponseWriter: w, c: c}, r, &websocket.AcceptOptions{
 		// Devices authenticate with a bearer token, never with cookies, so a
 		// foreign Origin (browser test clients) is no CSRF risk.
 		InsecureSkipVerify: true,
 		CompressionMode:    websocket.CompressionDisabled,
 		OnPingReceived:     func(context.Context, []byte) bool { c.touch(); return true },
 	})
-	if err != nil {
+	if err != nil || c.raw == nil {
 		h.conns.Done()
 		h.log.Debug("devicehub: upgrade failed", "remote_ip", remoteIP, "device", device, "err", err)
 		return
@@ -109,19 +110,30 @@ func writeJSONError(w http.ResponseWriter, status int, msg string) {
 	_, _ = io.WriteString(w, `{"error":"`+msg+`"}`+"\n")
 }
 
-// wsConn is the XiaoZhi WebSocket transport of one session. Its only
-// goroutine is the reader (run); writes take coder/websocket's frame lock
-// under a deadline, so no writer goroutine or queue buffer is needed.
+// wsConn is the XiaoZhi WebSocket transport of one session.
+//
+// Memory per idle session matters (thousands per replica), so a session
+// has exactly one goroutine, the reader (run), and no timers of its own:
+//   - the pre-hello and idle limits are read deadlines on the TCP
+//     connection (the runtime's per-connection poller timers);
+//   - between frames the reader waits in a shallow Peek on the buffered
+//     reader rather than deep inside the WebSocket library, so the garbage
+//     collector can shrink its stack back to a few KiB;
+//   - writes take the library's frame lock under a write deadline, with no
+//     writer goroutine or queue buffer;
+//   - ending the session from elsewhere interrupts the reader with a past
+//     read deadline, and the reader itself sends the close frame, so only
+//     one goroutine ever reads the connection.
 type wsConn struct {
 	hub  *hub
 	ws   *websocket.Conn
+	raw  net.Conn      // the hijacked TCP connection
+	br   *bufio.Reader // the WebSocket library reads through it too
 	sess *session
 
-	timer   *time.Timer // pre-hello deadline, then idle deadline
 	helloed atomic.Bool
-	expired atomic.Bool // the timer fired
 	queued  atomic.Int32
-	closing atomic.Pointer[closeInfo] // why we closed, first wins
+	closing atomic.Pointer[closeInfo] // why we close, first wins
 }
 
 type closeInfo struct {
@@ -130,42 +142,52 @@ type closeInfo struct {
 	code   websocket.StatusCode // 0: closed without a close frame
 }
 
+// aLongTimeAgo is a read deadline in the past: it wakes the reader at once.
+var aLongTimeAgo = time.Unix(1, 0)
+
+// touch extends the idle deadline; called for every frame and ping.
 func (c *wsConn) touch() {
-	if t := c.timer; t != nil && c.helloed.Load() {
-		t.Reset(c.hub.cfg.IdleTimeout)
+	if c.helloed.Load() && c.closing.Load() == nil {
+		_ = c.raw.SetReadDeadline(time.Now().Add(c.hub.cfg.IdleTimeout))
 	}
 }
 
+// run is the session's only goroutine. It stays small: the handshake and
+// each frame's handling happen in callees that return before the reader
+// waits again, so the stack in use while idle is shallow (see wsConn).
 func (c *wsConn) run() {
+	defer c.hub.conns.Done()
+	if !c.handshake() {
+		return
+	}
+	var err error
+	for err == nil {
+		if err = c.waitFrame(); err == nil {
+			err = c.readFrame()
+		}
+	}
+	c.ended(err)
+}
+
+// handshake reads the hello, answers it and registers the session; on
+// failure it closes the connection and returns false.
+func (c *wsConn) handshake() bool {
 	h := c.hub
 	s := c.sess
-	defer h.conns.Done()
-	defer func() {
-		// Unless a close with a status is under way (it closes the socket
-		// after the handshake), drop the connection now.
-		if ci := c.closing.Load(); ci == nil || ci.code == 0 {
-			c.ws.CloseNow()
-		}
-	}()
-
-	c.timer = time.AfterFunc(h.cfg.HelloTimeout, func() {
-		c.expired.Store(true)
-		c.ws.CloseNow()
-	})
-	defer c.timer.Stop()
-
+	_ = c.raw.SetReadDeadline(time.Now().Add(h.cfg.HelloTimeout))
 	frame, hello, err := c.readHello()
 	if err != nil {
 		cause, reason := c.endReason(err)
-		if c.expired.Load() {
-			reason = "no hello within " + h.cfg.HelloTimeout.String()
+		if isTimeout(err) && c.closing.Load() == nil {
+			cause, reason = causeIdle, "no hello within "+h.cfg.HelloTimeout.String()
 		}
 		c.close(cause, reason)
+		c.finish()
 		h.log.Info("devicehub: connection closed before hello", "tenant", s.key.tenant, "device", s.key.device, "reason", reason)
-		return
+		return false
 	}
 	c.helloed.Store(true)
-	c.timer.Reset(h.cfg.IdleTimeout)
+	c.touch()
 
 	s.id = h.newSessionID()
 	s.startedMs = nowMs()
@@ -175,24 +197,50 @@ func (c *wsConn) run() {
 
 	if err := c.writeText(xzproto.ServerHello(s.id)); err != nil {
 		c.close(causeDevice, "server hello not sent")
-		return
+		c.finish()
+		return false
 	}
 	if err := h.attach(s); err != nil {
 		h.log.Warn("devicehub: session not registered", append(s.logAttrs(), "err", err)...)
 		c.close(causeRefused, "session not registered")
-		return
+		c.finish()
+		return false
 	}
 	h.log.Info("devicehub: session started", append(s.logAttrs(), "remote_ip", s.remoteIP, "client_id", s.clientID, "mcp", s.hasMCP)...)
 	s.startMCP()
+	return true
+}
 
-	for {
-		err := c.readFrame()
-		if err == nil {
-			continue
-		}
-		cause, reason := c.endReason(err)
-		s.end(cause, reason, &wire.Fault{Code: wire.FaultDisconnected, Message: "device session ended: " + reason})
+// ended closes the session after the read error err.
+func (c *wsConn) ended(err error) {
+	cause, reason := c.endReason(err)
+	c.close(cause, reason)
+	c.sess.end(cause, reason, &wire.Fault{Code: wire.FaultDisconnected, Message: "device session ended: " + reason})
+	c.finish()
+}
+
+// waitFrame blocks until the next frame starts to arrive (or the read
+// deadline passes), in as shallow a stack as possible.
+//
+//go:noinline
+func (c *wsConn) waitFrame() error {
+	_, err := c.br.Peek(1)
+	return err
+}
+
+// finish runs on the reader once the session is over: it sends the close
+// frame when one is due and releases the connection.
+func (c *wsConn) finish() {
+	ci := c.closing.Load()
+	if ci == nil || ci.code == 0 {
+		c.ws.CloseNow()
 		return
+	}
+	// The close handshake reads the device's answer; give it its own deadline.
+	_ = c.raw.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_ = c.raw.SetWriteDeadline(time.Now().Add(5 * time.Second))
+	if err := c.ws.Close(ci.code, ci.reason); err != nil {
+		c.ws.CloseNow()
 	}
 }
 
@@ -221,9 +269,14 @@ func (c *wsConn) readHello() ([]byte, xzproto.Hello, error) {
 	}
 }
 
-// readFrame reads and handles one frame; binary (audio) frames are
-// discarded without being buffered.
+// readFrame reads and handles the frame that started to arrive; binary
+// (audio) frames are discarded without being buffered.
+//
+//go:noinline
 func (c *wsConn) readFrame() error {
+	if c.closing.Load() != nil {
+		return errClosing
+	}
 	typ, r, err := c.ws.Reader(context.Background())
 	if err != nil {
 		return err
@@ -240,18 +293,24 @@ func (c *wsConn) readFrame() error {
 	return c.sess.handleFrame(frame)
 }
 
+var errClosing = errors.New("session closing")
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.Is(err, os.ErrDeadlineExceeded) || errors.As(err, &ne) && ne.Timeout()
+}
+
 // endReason explains a read error: our own close first, then the device's.
 func (c *wsConn) endReason(err error) (endCause, string) {
 	if ci := c.closing.Load(); ci != nil {
 		return ci.cause, ci.reason
 	}
 	switch {
-	case c.expired.Load() && c.helloed.Load():
+	case isTimeout(err):
 		return causeIdle, "idle for " + c.hub.cfg.IdleTimeout.String()
 	case errors.Is(err, websocket.ErrMessageTooBig):
 		return causeTooLarge, "frame larger than the limit"
 	case errors.Is(err, xzproto.ErrMalformed):
-		c.close(causeMalformed, "malformed frame")
 		return causeMalformed, "malformed frame: " + err.Error()
 	}
 	if code := websocket.CloseStatus(err); code != -1 {
@@ -274,11 +333,17 @@ func (c *wsConn) writeText(frame []byte) error {
 		return errSlowConsumer
 	}
 	defer c.queued.Add(-1)
-	ctx, cancel := context.WithTimeout(context.Background(), c.hub.cfg.WriteTimeout)
-	defer cancel()
-	err := c.ws.Write(ctx, websocket.MessageText, frame)
-	if err != nil && ctx.Err() != nil {
-		c.close(causeSlow, "slow consumer: write timed out")
+	// Every writer pushes the deadline out, so it bounds how long the
+	// device may stall, not one frame's wait for the lock.
+	_ = c.raw.SetWriteDeadline(time.Now().Add(c.hub.cfg.WriteTimeout))
+	err := c.ws.Write(context.Background(), websocket.MessageText, frame)
+	if err != nil {
+		// A failed write may have left half a frame: the stream is unusable.
+		if isTimeout(err) {
+			c.close(causeSlow, "slow consumer: write timed out")
+		} else {
+			c.close(causeDevice, "write failed")
+		}
 	}
 	return err
 }
@@ -287,9 +352,9 @@ func (c *wsConn) resendHello() {
 	_ = c.writeText(xzproto.ServerHello(c.sess.id))
 }
 
-// close records why the session ends and closes the socket: with a close
-// frame in the background (the handshake may take a few seconds), or at
-// once when the device cannot take frames anyway.
+// close records why the session ends and stops the connection: a close
+// with a status is left to the reader (woken by a past read deadline),
+// which sends the close frame; otherwise the socket closes at once.
 func (c *wsConn) close(cause endCause, reason string) {
 	var code websocket.StatusCode
 	switch cause {
@@ -301,9 +366,11 @@ func (c *wsConn) close(cause endCause, reason string) {
 		code = websocket.StatusMessageTooBig
 	case causeRefused:
 		code = websocket.StatusTryAgainLater
-	case causeSlow, causeDevice:
-	default:
+	case causeReplaced, causeIdle:
 		code = websocket.StatusNormalClosure
+	}
+	if len(reason) > 120 {
+		reason = reason[:120]
 	}
 	if !c.closing.CompareAndSwap(nil, &closeInfo{cause, reason, code}) {
 		return
@@ -312,17 +379,18 @@ func (c *wsConn) close(cause endCause, reason string) {
 		c.ws.CloseNow()
 		return
 	}
-	if len(reason) > 120 {
-		reason = reason[:120]
-	}
-	go c.ws.Close(code, reason)
+	_ = c.raw.SetReadDeadline(aLongTimeAgo)
 }
 
 // smallBufferHijacker hands coder/websocket small bufio buffers instead of
-// net/http's 4 KiB pair, which would otherwise live as long as the session.
-type smallBufferHijacker struct{ http.ResponseWriter }
+// net/http's 4 KiB pair, which would otherwise live as long as the session,
+// and keeps the TCP connection and reader for the session's own use.
+type smallBufferHijacker struct {
+	http.ResponseWriter
+	c *wsConn
+}
 
-func (w smallBufferHijacker) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+func (w *smallBufferHijacker) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	hj, ok := w.ResponseWriter.(http.Hijacker)
 	if !ok {
 		return nil, nil, errors.New("response writer cannot be hijacked")
@@ -343,5 +411,6 @@ func (w smallBufferHijacker) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 			return nil, nil, err
 		}
 	}
+	w.c.raw, w.c.br = conn, br
 	return conn, bufio.NewReadWriter(br, bufio.NewWriterSize(conn, wsWriteBuffer)), nil
 }

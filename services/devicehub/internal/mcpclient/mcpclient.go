@@ -42,7 +42,7 @@ type Client struct {
 
 	mu      sync.Mutex
 	nextID  uint64
-	pending map[uint64]chan reply // allocated on first call: idle sessions stay small
+	pending map[uint64]chan reply // nil while no call is pending: idle sessions stay small
 	closed  *wire.Fault
 }
 
@@ -120,8 +120,17 @@ func (c *Client) Notify(method string, params json.RawMessage) error {
 
 func (c *Client) forget(id uint64) {
 	c.mu.Lock()
-	delete(c.pending, id)
+	c.removeLocked(id)
 	c.mu.Unlock()
+}
+
+// removeLocked drops a pending call; an empty map is released, so an idle
+// session keeps none.
+func (c *Client) removeLocked(id uint64) {
+	delete(c.pending, id)
+	if len(c.pending) == 0 {
+		c.pending = nil
+	}
 }
 
 func (c *Client) closedFault() *wire.Fault {
@@ -136,7 +145,7 @@ func (c *Client) Deliver(id uint64, raw json.RawMessage) bool {
 	c.mu.Lock()
 	ch, ok := c.pending[id]
 	if ok {
-		delete(c.pending, id)
+		c.removeLocked(id)
 	}
 	c.mu.Unlock()
 	if ok {
