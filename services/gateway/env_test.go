@@ -299,7 +299,13 @@ type nodeList struct {
 // eventually polls cond until it holds.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(waitFor)
+	eventuallyWithin(t, waitFor, what, cond)
+}
+
+// eventuallyWithin is eventually with its own bound.
+func eventuallyWithin(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)
