@@ -97,7 +97,13 @@ func (s *Service) invoke(msg *nats.Msg) (json.RawMessage, *wire.Fault) {
 	case err == nil:
 	case errors.Is(err, nats.ErrNoResponders):
 		// No hub holds the device: it is offline whatever the record says.
-		go s.reg.MarkUnreachable(context.Background(), tenant, rec.NodeID, rec.Owner, rec.SessionID)
+		s.inflight.Add(1)
+		go func() {
+			defer s.inflight.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), registryTimeout)
+			defer cancel()
+			s.reg.MarkUnreachable(ctx, tenant, rec.NodeID, rec.Owner, rec.SessionID)
+		}()
 		return nil, &wire.Fault{Code: wire.FaultNotConnected, Message: "node not connected"}
 	case errors.Is(err, nats.ErrTimeout), errors.Is(err, context.DeadlineExceeded):
 		return nil, timeoutFault()

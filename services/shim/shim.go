@@ -149,14 +149,18 @@ func (s *Service) Run(ctx context.Context) error {
 	s.reg = reg
 
 	watchCtx, stopWatch := context.WithCancel(context.Background())
-	defer stopWatch()
 	loaded := make(chan struct{})
-	watchErr := make(chan error, 1)
-	go func() { watchErr <- reg.Watch(watchCtx, loaded) }()
+	watching := make(chan struct{})
+	go func() {
+		defer close(watching)
+		s.watch(watchCtx, loaded)
+	}()
+	defer func() {
+		stopWatch()
+		<-watching
+	}()
 	select {
 	case <-loaded:
-	case err := <-watchErr:
-		return fmt.Errorf("shim: %w", err)
 	case <-ctx.Done():
 		return nil
 	}
@@ -216,6 +220,32 @@ loop:
 		s.log.Warn("shim stopped with invokes still in flight", "in_flight", len(s.sem))
 	}
 	return nil
+}
+
+// watch keeps the registry cache fed until ctx is done, starting the KV
+// watcher again if it fails. loaded is closed after the first full load.
+func (s *Service) watch(ctx context.Context, loaded chan struct{}) {
+	var once sync.Once
+	for {
+		first := make(chan struct{})
+		go func() {
+			select {
+			case <-first:
+				once.Do(func() { close(loaded) })
+			case <-ctx.Done():
+			}
+		}()
+		err := s.reg.Watch(ctx, first)
+		if ctx.Err() != nil {
+			return
+		}
+		s.log.Warn("node registry watcher stopped; starting again", "err", err)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Second):
+		}
+	}
 }
 
 // drainSub unsubscribes and waits until the messages already delivered to
