@@ -25,8 +25,12 @@ const (
 type DeviceEvent struct {
 	Kind      string `json:"kind"`
 	Tenant    string `json:"tenant"`
-	Device    string `json:"device"`             // canonical device id
+	Device    string `json:"device"`              // canonical device id
 	DeviceRaw string `json:"deviceRaw,omitempty"` // as the device sent it, e.g. aa:bb:cc:dd:ee:ff
+	// SessionID names one session of the device. The ids of a device's
+	// sessions sort, as strings, in the order the sessions started, so a
+	// consumer keeps the state of the greatest id it has seen and ignores
+	// events of smaller ones.
 	SessionID string `json:"sessionId"`
 	Hub       string `json:"hub"` // devicehub instance holding the session
 	Transport string `json:"transport,omitempty"`
