@@ -121,10 +121,10 @@ func (t *tool) bind(raw map[string]json.RawMessage) (args, error) {
 				if ok = len(v) > 0 && (v[0] == '-' || v[0] >= '0' && v[0] <= '9') && json.Unmarshal(v, &f) == nil; ok {
 					n := int(f)
 					if p.hasRange && n < p.min {
-						return nil, fmt.Errorf("Value is below minimum allowed: %d", p.min)
+						return nil, deviceError(fmt.Sprintf("Value is below minimum allowed: %d", p.min))
 					}
 					if p.hasRange && n > p.max {
-						return nil, fmt.Errorf("Value exceeds maximum allowed: %d", p.max)
+						return nil, deviceError(fmt.Sprintf("Value exceeds maximum allowed: %d", p.max))
 					}
 					out[p.name] = n
 				}
@@ -139,7 +139,7 @@ func (t *tool) bind(raw map[string]json.RawMessage) (args, error) {
 			continue
 		}
 		if !p.hasDefault {
-			return nil, fmt.Errorf("Missing valid argument: %s", p.name)
+			return nil, deviceError("Missing valid argument: "+p.name)
 		}
 		switch p.kind {
 		case kindBoolean:
@@ -152,6 +152,11 @@ func (t *tool) bind(raw map[string]json.RawMessage) (args, error) {
 	}
 	return out, nil
 }
+
+// deviceError is an error message exactly as the firmware words it.
+type deviceError string
+
+func (e deviceError) Error() string { return string(e) }
 
 // resultText renders a tool result as the text of its content item.
 func resultText(r toolResult) string {

@@ -101,7 +101,7 @@ func (c Config) Validate() error {
 	c.setDefaults()
 	var errs []error
 	if c.Auth == nil {
-		errs = append(errs, errors.New("Auth is required"))
+		errs = append(errs, errors.New("field Auth is required"))
 	}
 	if _, _, err := net.SplitHostPort(c.DeviceAddr); err != nil {
 		errs = append(errs, fmt.Errorf("DeviceAddr %q: %w", c.DeviceAddr, err))
