@@ -139,7 +139,7 @@ func (t *tool) bind(raw map[string]json.RawMessage) (args, error) {
 			continue
 		}
 		if !p.hasDefault {
-			return nil, deviceError("Missing valid argument: "+p.name)
+			return nil, deviceError("Missing valid argument: " + p.name)
 		}
 		switch p.kind {
 		case kindBoolean:
