@@ -104,7 +104,7 @@ func Service(s sdktrace.ReadOnlySpan) string {
 func Attr(s sdktrace.ReadOnlySpan, key string) string {
 	for _, a := range s.Attributes() {
 		if string(a.Key) == key {
-			return a.Value.Emit()
+			return a.Value.String()
 		}
 	}
 	return ""
