@@ -8,7 +8,7 @@ LDFLAGS := -s -w -X main.version=$(VERSION)
 PKGS = $(shell $(GO) list -m -f '{{.Dir}}/...')
 DATA_DIR ?= $(CURDIR)/.tmp/dev
 
-.PHONY: help build dev test test-go test-race fuzz lint bench interop images helm-tools helm-test tidy clean
+.PHONY: help build dev test test-go test-race fuzz lint bench bench-openclaw interop images helm-tools helm-test tidy clean
 
 help: ## show this help
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -47,8 +47,12 @@ lint: $(TOOLS)/staticcheck ## go vet + staticcheck (pinned) + gofmt
 	$(TOOLS)/staticcheck $(PKGS)
 
 BENCHTIME ?= 2s
-bench: ## run the benchmarks (figures as ratios within one run)
+bench: ## run the Go benchmarks, then the real OpenClaw gateway against xiaoclaw (bench-openclaw)
 	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) -benchmem -timeout 20m $(PKGS)
+	scripts/bench-openclaw.sh
+
+bench-openclaw: ## node.invoke latency: the real OpenClaw gateway vs xiaoclaw, same stock node host
+	scripts/bench-openclaw.sh
 
 interop: ## run the real OpenClaw CLI and node host against xiaoclaw (installs OpenClaw from npm)
 	bash ../shared/tools/openclaw/openclaw-ref.sh install
