@@ -44,13 +44,13 @@ const waitFor = 10 * time.Second
 // env is one embedded NATS server with JetStream and any number of gateway
 // replicas on it.
 type env struct {
-	t  *testing.T
+	t  testing.TB
 	ns *natsembed.Server
 	nc *nats.Conn
 	js jetstream.JetStream
 }
 
-func newEnv(t *testing.T) *env {
+func newEnv(t testing.TB) *env {
 	t.Helper()
 	ns, err := natsembed.Start(natsembed.Config{StoreDir: t.TempDir()})
 	if err != nil {
@@ -220,7 +220,7 @@ func echoShim(req wire.InvokeRequest, m *nats.Msg) {
 	reply(m, wire.InvokeReply{OK: true, Payload: json.RawMessage(`{"echo":` + string(p) + `}`)})
 }
 
-func ctxT(t *testing.T) context.Context {
+func ctxT(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
 	t.Cleanup(cancel)
 	return ctx

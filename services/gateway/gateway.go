@@ -259,7 +259,7 @@ func (s *Service) Run(ctx context.Context) error {
 	if s.reg, err = registry.Open(ctx, s.js, s.log); err != nil {
 		return err
 	}
-	if s.idem, err = idempotency.Open(ctx, s.js, s.cfg.IdempotencyTTL); err != nil {
+	if s.idem, err = idempotency.Open(ctx, s.nc, s.js, s.cfg.IdempotencyTTL); err != nil {
 		return err
 	}
 	s.reg.OnChange(s.onRegistryChange)

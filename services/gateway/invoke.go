@@ -192,12 +192,10 @@ func (call *invokeCall) run() {
 	}
 
 	// The answer is out; record the outcome for retries with the same key.
-	rctx, rcancel := context.WithTimeout(s.runCtx, 5*time.Second)
-	defer rcancel()
 	if keep {
-		err = s.idem.Complete(rctx, claim, fp, perr == nil, result)
+		err = s.idem.Complete(claim, fp, perr == nil, result)
 	} else {
-		err = s.idem.Abandon(rctx, claim)
+		err = s.idem.Abandon(claim)
 	}
 	if err != nil {
 		s.log.Warn("idempotency record", "err", err)

@@ -16,8 +16,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
@@ -48,19 +50,28 @@ type Claim struct {
 }
 
 // Store is the idempotency bucket.
+//
+// The writes on the invoke path are raw JetStream publishes to the bucket's
+// subjects with the expected-revision header, which is what the KV API does
+// minus a regular-expression check of every key; the KV API serves the rare
+// paths (a key that was released, waiting for an outcome).
 type Store struct {
-	kv  jetstream.KeyValue
-	ttl time.Duration
+	nc     *nats.Conn
+	kv     jetstream.KeyValue
+	prefix string // subject prefix of the bucket's keys
 }
 
-// Open binds the bucket with the given TTL, creating it when missing.
-func Open(ctx context.Context, js jetstream.JetStream, ttl time.Duration) (*Store, error) {
+// Open binds the bucket with the given TTL, creating it when missing. The
+// bucket is kept in memory: a dedupe window is short-lived state, and memory
+// storage halves the cost of each write. (Replicated, it survives the loss
+// of a NATS node; a single NATS server forgets the keys when it restarts.)
+func Open(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, ttl time.Duration) (*Store, error) {
 	cfg := jetstream.KeyValueConfig{
 		Bucket:      wire.BucketIdempotency,
 		Description: "xiaoclaw node.invoke idempotency keys",
 		History:     1,
 		TTL:         ttl,
-		Storage:     jetstream.FileStorage,
+		Storage:     jetstream.MemoryStorage,
 	}
 	kv, err := js.KeyValue(ctx, cfg.Bucket)
 	if errors.Is(err, jetstream.ErrBucketNotFound) {
@@ -72,7 +83,52 @@ func Open(ctx context.Context, js jetstream.JetStream, ttl time.Duration) (*Stor
 	if err != nil {
 		return nil, fmt.Errorf("idempotency bucket: %w", err)
 	}
-	return &Store{kv: kv, ttl: ttl}, nil
+	return &Store{nc: nc, kv: kv, prefix: "$KV." + cfg.Bucket + "."}, nil
+}
+
+// errWrongRevision is the server refusing a write whose expected revision
+// is not the key's current one.
+var errWrongRevision = errors.New("wrong last revision")
+
+// jsWrongLastSequence is JetStream's error code for that refusal.
+const jsWrongLastSequence = 10071
+
+// put writes value under key if the key's revision is rev (0: no such key)
+// and returns the new revision.
+func (s *Store) put(ctx context.Context, key string, value []byte, rev uint64) (uint64, error) {
+	m := &nats.Msg{Subject: s.prefix + key, Data: value, Header: nats.Header{}}
+	m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(rev, 10))
+	resp, err := s.nc.RequestMsgWithContext(ctx, m)
+	if err != nil {
+		return 0, err
+	}
+	var ack struct {
+		Seq   uint64 `json:"seq"`
+		Error *struct {
+			ErrCode     int    `json:"err_code"`
+			Description string `json:"description"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal(resp.Data, &ack); err != nil {
+		return 0, fmt.Errorf("idempotency write: bad ack: %w", err)
+	}
+	if ack.Error != nil {
+		if ack.Error.ErrCode == jsWrongLastSequence {
+			return 0, errWrongRevision
+		}
+		return 0, fmt.Errorf("idempotency write: %s", ack.Error.Description)
+	}
+	return ack.Seq, nil
+}
+
+// publish writes without waiting for the server's acknowledgement.
+func (s *Store) publish(key string, value []byte, rev uint64, op string) error {
+	m := &nats.Msg{Subject: s.prefix + key, Data: value, Header: nats.Header{}}
+	m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(rev, 10))
+	if op != "" {
+		m.Header.Set("KV-Operation", op)
+	}
+	return s.nc.PublishMsg(m)
 }
 
 // Key is the bucket key of a tenant's idempotency key. The client's key is
@@ -104,12 +160,14 @@ func Fingerprint(nodeID, command string, params []byte) string {
 // this call must run, or the Record of a completed earlier call; while an
 // earlier call is in flight it waits for its outcome until ctx is done.
 func (s *Store) Begin(ctx context.Context, key, fp, owner string) (*Claim, *Record, error) {
-	pending, err := json.Marshal(Record{State: statePending, Fingerprint: fp, Owner: owner})
-	if err != nil {
-		return nil, nil, err
-	}
+	pending := encodeRecord(statePending, fp, owner, false, nil)
 	for attempt := 0; attempt < 4; attempt++ {
-		rev, err := s.kv.Create(ctx, key, pending)
+		rev, err := s.put(ctx, key, pending, 0)
+		if errors.Is(err, errWrongRevision) {
+			// The key exists, or only its delete marker does: the KV API
+			// tells the two apart.
+			rev, err = s.kv.Create(ctx, key, pending)
+		}
 		if err == nil {
 			return &Claim{key: key, rev: rev}, nil, nil
 		}
@@ -179,18 +237,42 @@ func decide(value []byte, fp string) (*Record, bool, error) {
 	return nil, false, nil
 }
 
-// Complete records the outcome of a claimed call.
-func (s *Store) Complete(ctx context.Context, c *Claim, fp string, ok bool, result []byte) error {
-	b, err := json.Marshal(Record{State: stateDone, Fingerprint: fp, OK: ok, Result: result})
-	if err != nil {
-		return err
+// Complete records the outcome of a claimed call; result must be JSON. It
+// does not wait for the server: the answer has gone out already, and
+// waiters watch the key.
+func (s *Store) Complete(c *Claim, fp string, ok bool, result []byte) error {
+	return s.publish(c.key, encodeRecord(stateDone, fp, "", ok, result), c.rev, "")
+}
+
+// encodeRecord encodes a Record; fp and owner are hex and instance names,
+// result is JSON the caller built.
+func encodeRecord(state, fp, owner string, ok bool, result []byte) []byte {
+	b := make([]byte, 0, 112+len(owner)+len(result))
+	b = append(b, `{"s":`...)
+	b = strconv.AppendQuote(b, state)
+	b = append(b, `,"f":`...)
+	b = strconv.AppendQuote(b, fp)
+	if owner != "" {
+		b = append(b, `,"o":`...)
+		b = appendJSONString(b, owner)
 	}
-	_, err = s.kv.Update(ctx, c.key, b, c.rev)
-	return err
+	if ok {
+		b = append(b, `,"ok":true`...)
+	}
+	if len(result) > 0 {
+		b = append(b, `,"r":`...)
+		b = append(b, result...)
+	}
+	return append(b, '}')
+}
+
+func appendJSONString(b []byte, s string) []byte {
+	q, _ := json.Marshal(s)
+	return append(b, q...)
 }
 
 // Abandon releases a claim whose call never reached the node, so a retry
 // with the same key runs again instead of replaying a failure.
-func (s *Store) Abandon(ctx context.Context, c *Claim) error {
-	return s.kv.Delete(ctx, c.key, jetstream.LastRevision(c.rev))
+func (s *Store) Abandon(c *Claim) error {
+	return s.publish(c.key, nil, c.rev, "DEL")
 }
