@@ -51,6 +51,7 @@ type conn struct {
 	role      string
 	principal access.Principal
 	scopes    scopeSet
+	token     string // the credential, to re-check it when the tenancy changes
 	nodeID    string // role node: the device id
 	nodeHost  *nodeHost
 	inflight  atomic.Int64

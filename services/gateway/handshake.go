@@ -164,7 +164,7 @@ func (c *conn) handleConnect(req protocol.Request) {
 	} else {
 		granted, set = grantScopes(principal.Role, scopes)
 	}
-	c.protocol, c.role, c.principal, c.scopes = proto, role, principal, set
+	c.protocol, c.role, c.principal, c.scopes, c.token = proto, role, principal, set, token
 
 	if role == protocol.RoleNode {
 		if err := c.s.attachNodeHost(c, p); err != nil {

@@ -48,6 +48,12 @@ const (
 	ReasonRepeatedUnauthorized = "repeated unauthorized calls"
 	ReasonDeviceRequired       = "device identity required"
 	ReasonReplaced             = "node replaced by a newer connection"
+
+	// CloseAuthChanged closes a connection whose credential no longer
+	// holds (revoked token, suspended tenant), as OpenClaw does when its
+	// shared secret rotates.
+	CloseAuthChanged  = 4001
+	ReasonAuthChanged = "gateway auth changed"
 )
 
 // Request is a parsed "req" frame. Params stays raw: each method decodes it
