@@ -32,7 +32,6 @@ const (
 	AttrCommand    = attribute.Key("xiaoclaw.command")
 	AttrTool       = attribute.Key("xiaoclaw.tool")
 	AttrRequestID  = attribute.Key("xiaoclaw.request_id")
-	AttrTransport  = attribute.Key("xiaoclaw.transport")
 	AttrOutcome    = attribute.Key("xiaoclaw.outcome")
 	AttrErrorCode  = attribute.Key("xiaoclaw.error.code")
 	AttrPolicyRule = attribute.Key("xiaoclaw.policy.rule")

@@ -137,7 +137,6 @@ func StartDeviceCall(ctx context.Context, tracer trace.Tracer, method string, re
 			semconv.JSONRPCProtocolVersion("2.0"),
 			semconv.JSONRPCRequestID(strconv.FormatInt(requestID, 10)),
 			semconv.NetworkProtocolName(transport),
-			AttrTransport.String(transport),
 		)
 		span.SetAttributes(info.Attributes(attrs)...)
 	}

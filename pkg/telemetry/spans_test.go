@@ -236,7 +236,7 @@ func TestOneTraceFromOperatorFrameToDevice(t *testing.T) {
 		}
 	}
 	dev := chain[4]
-	for k, v := range map[string]string{"rpc.system.name": "jsonrpc", "jsonrpc.request.id": "7", "xiaoclaw.transport": "websocket", "xiaoclaw.tool": "self.light.on"} {
+	for k, v := range map[string]string{"rpc.system.name": "jsonrpc", "jsonrpc.request.id": "7", "network.protocol.name": "websocket", "xiaoclaw.tool": "self.light.on"} {
 		if got := telemetrytest.Attr(dev, k); got != v {
 			t.Errorf("device span %s = %q, want %q", k, got, v)
 		}
