@@ -19,8 +19,9 @@ import (
 )
 
 // outQueueLen bounds a connection's queue of unsent frames; a client that
-// lets it fill is a slow consumer and is disconnected.
-const outQueueLen = 1024
+// lets it fill (or exceeds MaxBufferedBytes) is a slow consumer and is
+// disconnected. The queue holds slice headers only: 12 KiB per connection.
+const outQueueLen = 512
 
 // maxCloseReason is the longest close reason a close frame can carry.
 const maxCloseReason = 123
@@ -38,7 +39,9 @@ type conn struct {
 	ctx      context.Context
 	cancel   context.CancelFunc
 
-	out       chan outFrame
+	out       chan []byte // frames to send; a nil frame asks for the close below
+	closeCode websocket.StatusCode
+	closeMsg  string
 	queued    atomic.Int64 // bytes queued and not yet written
 	closing   atomic.Bool  // a close was requested: queue no more frames
 	writeAt   atomic.Int64 // unix ns when the current write started, 0 when idle
@@ -57,14 +60,6 @@ type conn struct {
 	inflight  atomic.Int64
 
 	unauthorizedStreak int // read loop only
-}
-
-// outFrame is one queued frame, or a close request when close is set.
-type outFrame struct {
-	data   []byte
-	close  bool
-	code   websocket.StatusCode
-	reason string
 }
 
 // serveWebSocket accepts a client and runs its read loop.
@@ -100,7 +95,7 @@ func (s *Service) serveWebSocket(w http.ResponseWriter, r *http.Request) {
 		nonce:     newUUID(),
 		ctx:       ctx,
 		cancel:    cancel,
-		out:       make(chan outFrame, outQueueLen),
+		out:       make(chan []byte, outQueueLen),
 		writeDone: make(chan struct{}),
 	}
 	s.mu.Lock()
@@ -198,16 +193,16 @@ func (c *conn) writeLoop() {
 		case <-c.ctx.Done():
 			return
 		case f := <-c.out:
-			if f.close {
+			if f == nil {
 				c.writeAt.Store(time.Now().UnixNano())
-				_ = c.ws.Close(f.code, f.reason)
+				_ = c.ws.Close(c.closeCode, c.closeMsg)
 				c.cancel()
 				return
 			}
 			c.writeAt.Store(time.Now().UnixNano())
-			err := c.ws.Write(c.ctx, websocket.MessageText, f.data)
+			err := c.ws.Write(c.ctx, websocket.MessageText, f)
 			c.writeAt.Store(0)
-			c.queued.Add(-int64(len(f.data)))
+			c.queued.Add(-int64(len(f)))
 			if err != nil {
 				c.cancel()
 				c.ws.CloseNow()
@@ -230,7 +225,7 @@ func (c *conn) send(frame []byte) bool {
 		return false
 	}
 	select {
-	case c.out <- outFrame{data: frame}:
+	case c.out <- frame:
 		return true
 	default:
 		c.queued.Add(-int64(len(frame)))
@@ -260,8 +255,11 @@ func (c *conn) closeWith(code int, reason string) {
 	if c.closing.Swap(true) {
 		return
 	}
+	// Written before the marker is queued: the channel orders it before
+	// the writer's read.
+	c.closeCode, c.closeMsg = websocket.StatusCode(code), reason
 	select {
-	case c.out <- outFrame{close: true, code: websocket.StatusCode(code), reason: reason}:
+	case c.out <- nil:
 	default:
 		c.cancel()
 		c.ws.CloseNow()

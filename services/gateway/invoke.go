@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"strconv"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -162,6 +163,9 @@ func (call *invokeCall) run() {
 	switch {
 	case errors.Is(err, nats.ErrNoResponders):
 		perr, outcome, keep = protocol.NodeNotConnected(), OutcomeError, false
+	case errors.Is(err, nats.ErrMaxPayload):
+		perr, outcome, keep = protocol.InvalidRequest("node.invoke params too large for the bus (max "+
+			strconv.FormatInt(s.nc.MaxPayload(), 10)+" bytes)"), OutcomeRejected, false
 	case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout):
 		perr, outcome, keep = protocol.InvokeTimedOut(true), OutcomeTimeout, false
 	case err != nil:

@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"strconv"
 	"strings"
 	"sync"
@@ -244,7 +245,9 @@ func (h *nodeHost) resolve(id string, ok bool, payload json.RawMessage, code, me
 		b = append(b, payload...)
 	}
 	b = append(b, '}')
-	_ = p.msg.Respond(b)
+	if err := p.msg.Respond(b); errors.Is(err, nats.ErrMaxPayload) {
+		respondFault(p.msg, wire.FaultTooLarge, "node result too large for the bus")
+	}
 	return true
 }
 

@@ -3,11 +3,14 @@ package gateway_test
 import (
 	"crypto/ed25519"
 	"encoding/json"
+	"errors"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/coder/websocket"
 	"github.com/nats-io/nats.go"
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
@@ -281,4 +284,65 @@ func TestTicksAndGracefulShutdown(t *testing.T) {
 	// The node host it held is marked disconnected for every other replica.
 	gw2 := e.gateway(nil)
 	waitListed(t, operator(t, gw2, tokAdmin, "operator.read"), h.NodeID, false)
+}
+
+func TestSlowConsumerIsDisconnected(t *testing.T) {
+	e := newEnv(t)
+	gw := e.gateway(func(c *gateway.Config) { c.MaxBufferedBytes = 256 << 10 })
+	ctx := ctxT(t)
+	// A raw operator that stops reading after hello.
+	ws, _, err := websocket.Dial(ctx, gw.URL(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ws.CloseNow()
+	ws.SetReadLimit(1 << 20)
+	if _, _, err := ws.Read(ctx); err != nil {
+		t.Fatal(err)
+	}
+	hello, _ := json.Marshal(map[string]any{"type": "req", "id": "1", "method": "connect", "params": gwtest.OperatorParams(tokAdmin, "operator.read")})
+	if err := ws.Write(ctx, websocket.MessageText, hello); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := ws.Read(ctx); err != nil {
+		t.Fatal(err)
+	}
+	watcher := operator(t, gw, tokGlobex, "operator.read")
+
+	// 30 MB of events: more than the socket buffers can hold.
+	const n = 300
+	ev, _ := json.Marshal(wire.NodeEventMsg{NodeID: "xz-a1b2c3d4e5f6", Event: "big", TsMs: 1,
+		Payload: json.RawMessage(`{"blob":"` + strings.Repeat("x", 100<<10) + `"}`)})
+	for i := 0; i < n; i++ {
+		if err := e.nc.Publish(wire.NodeEvent(tenantAcme), ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Events are fanned out in order: once another tenant's later event
+	// arrived, the gateway has dealt with all of them.
+	marker, _ := json.Marshal(wire.NodeEventMsg{NodeID: "xz-0000000000bb", Event: "marker", TsMs: 1})
+	if err := e.nc.Publish(wire.NodeEvent(tenantOther), marker); err != nil {
+		t.Fatal(err)
+	}
+	must(watcher.WaitEvent(ctx, "node.event"))
+
+	got := 0
+	for {
+		if _, _, err = ws.Read(ctx); err != nil {
+			break
+		}
+		got++
+	}
+	if got >= n || ctx.Err() != nil {
+		t.Fatalf("read %d of %d events, then %v: the slow client was not dropped", got, n, err)
+	}
+	// If the close frame made it out, it says why.
+	if code := websocket.CloseStatus(err); code != -1 {
+		var ce websocket.CloseError
+		if errors.As(err, &ce); code != websocket.StatusPolicyViolation || ce.Reason != "slow consumer" {
+			t.Fatalf("closed with %d %q", code, ce.Reason)
+		}
+	}
+	// The gateway serves everyone else as before.
+	payload[map[string]any](t, call(t, watcher, "health", nil))
 }
