@@ -8,7 +8,7 @@ LDFLAGS := -s -w -X main.version=$(VERSION)
 PKGS = $(shell $(GO) list -m -f '{{.Dir}}/...')
 DATA_DIR ?= $(CURDIR)/.tmp/dev
 
-.PHONY: help build dev test test-go test-race fuzz lint bench bench-openclaw interop images helm-tools helm-test tidy clean
+.PHONY: help build dev test test-go test-race fuzz lint bench bench-openclaw interop jaeger jaeger-stop dev-observability test-jaeger images helm-tools helm-test tidy clean
 
 help: ## show this help
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -57,6 +57,20 @@ bench-openclaw: ## node.invoke latency: the real OpenClaw gateway vs xiaoclaw, s
 interop: ## run the real OpenClaw CLI and node host against xiaoclaw (installs OpenClaw from npm)
 	bash ../shared/tools/openclaw/openclaw-ref.sh install
 	$(GO) test -count=1 -tags interop -run Interop -timeout 10m $(PKGS)
+
+jaeger: ## build (once) and start a local Jaeger on 127.0.0.1: OTLP 4317/4318, query API 16686
+	scripts/jaeger.sh start
+
+jaeger-stop: ## stop the local Jaeger
+	scripts/jaeger.sh stop
+
+dev-observability: build jaeger ## make dev with every span exported to the local Jaeger
+	OTEL_TRACES_EXPORTER=otlp OTEL_EXPORTER_OTLP_PROTOCOL=grpc OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4317 \
+	OTEL_BSP_SCHEDULE_DELAY=500 bin/xiaoclaw dev --data-dir $(DATA_DIR)
+
+test-jaeger: ## export spans to a real Jaeger and query them back by trace id
+	scripts/jaeger.sh build
+	$(GO) test -count=1 -tags jaeger -run Jaeger ./pkg/telemetry/
 
 images: ## build the container images (prints the commands when no Docker engine runs)
 	deploy/scripts/images.sh
