@@ -1,0 +1,4 @@
+package policy
+
+// GlobMatchForTest exposes globMatch to the external tests.
+var GlobMatchForTest = globMatch
