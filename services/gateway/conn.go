@@ -339,7 +339,7 @@ func (s *Service) tickLoop(ctx context.Context) {
 			s.mu.RLock()
 			for c := range s.conns {
 				if at := c.writeAt.Load(); at != 0 && at < stall {
-					go c.slowConsumer()
+					c.slowConsumer()
 					continue
 				}
 				if c.helloDone.Load() {

@@ -1,0 +1,292 @@
+// Package adminapi is the gateway's admin HTTP API: tenants, operator
+// tokens, device keys, device allowlists, node groups and policy rules,
+// described in api/admin-openapi.yaml. It is a plain http.Handler for
+// paths under /api/, served on the gateway's port.
+//
+// Callers present "Authorization: Bearer <token>". A global admin token
+// (configured, compared in constant time) may do everything, including
+// creating and suspending tenants. An operator token with the admin role
+// manages its own tenant; any other tenant is "not found" to it. Bad input
+// gets a 4xx answer {"error":{"code","message"}} and changes nothing.
+package adminapi
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"mime"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+
+	"github.com/xiaoclaw/xiaoclaw/pkg/access"
+	"github.com/xiaoclaw/xiaoclaw/pkg/policy"
+	"github.com/xiaoclaw/xiaoclaw/pkg/tenancy"
+)
+
+// Config configures the admin API.
+type Config struct {
+	// Manager is the write path (and, through its store, the read path).
+	Manager *tenancy.Manager
+	// Operators authenticates tenant admins' bearer tokens (a
+	// tenancy.OperatorAuth, or a tenancy.OperatorChain).
+	Operators access.Authenticator
+	// Policy answers explain requests.
+	Policy *policy.Engine
+	// AdminTokens are global admin bearer tokens; empty means tenant
+	// management (create, suspend, resume, list all) is not reachable.
+	AdminTokens []string
+	// MaxBodyBytes caps a request body; 0 means 1 MiB.
+	MaxBodyBytes int64
+	Log          *slog.Logger
+}
+
+type api struct {
+	cfg         Config
+	store       tenancy.Store
+	adminHashes [][sha256.Size]byte
+}
+
+// New returns the admin API handler. Serve it for every path under /api/
+// without stripping the prefix: http.ServeMux.Handle("/api/", h), or with
+// chi, r.Handle("/api/*", h).
+func New(cfg Config) (http.Handler, error) {
+	if cfg.Manager == nil || cfg.Operators == nil || cfg.Policy == nil || cfg.Log == nil {
+		return nil, errors.New("adminapi: manager, operator authenticator, policy engine and logger are required")
+	}
+	if cfg.MaxBodyBytes <= 0 {
+		cfg.MaxBodyBytes = 1 << 20
+	}
+	a := &api{cfg: cfg, store: cfg.Manager.Store()}
+	for _, t := range cfg.AdminTokens {
+		if len(t) < 16 {
+			return nil, errors.New("adminapi: a global admin token must be at least 16 characters")
+		}
+		a.adminHashes = append(a.adminHashes, sha256.Sum256([]byte(t)))
+	}
+	r := chi.NewRouter()
+	r.NotFound(func(w http.ResponseWriter, _ *http.Request) {
+		writeError(w, &apiError{http.StatusNotFound, codeNotFound, "no such endpoint"})
+	})
+	r.MethodNotAllowed(func(w http.ResponseWriter, _ *http.Request) {
+		writeError(w, &apiError{http.StatusMethodNotAllowed, codeMethodNotAllowed, "method not allowed"})
+	})
+	r.Route("/api", func(r chi.Router) {
+		r.Use(a.authenticate)
+		r.Get("/tenants", a.handle(a.listTenants))
+		r.Post("/tenants", a.handle(a.globalOnly(a.createTenant)))
+		r.Post("/tokens/{token}/revoke", a.handle(a.revokeToken))
+		r.Route("/tenants/{tenant}", func(r chi.Router) {
+			r.Use(a.tenantScope)
+			r.Get("/", a.handle(a.getTenant))
+			r.Patch("/", a.handle(a.updateTenant))
+			r.Post("/suspend", a.handle(a.globalOnly(a.setStatus(tenancy.StatusSuspended))))
+			r.Post("/resume", a.handle(a.globalOnly(a.setStatus(tenancy.StatusActive))))
+			r.Get("/tokens", a.handle(a.listTokens))
+			r.Post("/tokens", a.handle(a.createToken))
+			r.Get("/device-keys", a.handle(a.listDeviceKeys))
+			r.Post("/device-keys", a.handle(a.createDeviceKey))
+			r.Post("/device-keys/rotate", a.handle(a.rotateDeviceKey))
+			r.Get("/device-allowlist", a.handle(a.getAllowlist))
+			r.Put("/device-allowlist", a.handle(a.putAllowlist))
+			r.Get("/groups", a.handle(a.listGroups))
+			r.Put("/groups/{group}", a.handle(a.putGroup))
+			r.Delete("/groups/{group}", a.handle(a.deleteGroup))
+			r.Get("/policy/rules", a.handle(a.listRules))
+			r.Post("/policy/rules", a.handle(a.addRule))
+			r.Delete("/policy/rules/{rule}", a.handle(a.removeRule))
+			r.Post("/policy/explain", a.handle(a.explain))
+		})
+	})
+	return r, nil
+}
+
+// Error codes of the error envelope.
+const (
+	codeInvalid          = "invalid_argument"
+	codeUnauthenticated  = "unauthenticated"
+	codePermission       = "permission_denied"
+	codeNotFound         = "not_found"
+	codeConflict         = "already_exists"
+	codeMethodNotAllowed = "method_not_allowed"
+	codeTooLarge         = "payload_too_large"
+	codeMediaType        = "unsupported_media_type"
+	codeUnavailable      = "unavailable"
+	codeInternal         = "internal"
+)
+
+// apiError is an error with the answer it produces.
+type apiError struct {
+	status  int
+	code    string
+	message string
+}
+
+func (e *apiError) Error() string { return e.code + ": " + e.message }
+
+func invalid(format string, args ...any) *apiError {
+	return &apiError{http.StatusBadRequest, codeInvalid, fmt.Sprintf(format, args...)}
+}
+
+type errorBody struct {
+	Error struct {
+		Code    string `json:"code"`
+		Message string `json:"message"`
+	} `json:"error"`
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store") // answers may carry secrets
+	w.WriteHeader(status)
+	if v != nil {
+		_ = json.NewEncoder(w).Encode(v)
+	}
+}
+
+func writeError(w http.ResponseWriter, e *apiError) {
+	var b errorBody
+	b.Error.Code, b.Error.Message = e.code, e.message
+	writeJSON(w, e.status, b)
+}
+
+// handlerFunc returns the status and body of a success, or an error.
+type handlerFunc func(r *http.Request) (int, any, error)
+
+// handle adapts a handlerFunc, mapping errors to the envelope: the
+// package's own errors and tenancy's errors keep their meaning; anything
+// else is logged and answered "internal" without detail.
+func (a *api) handle(h handlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		status, body, err := h(r)
+		if err == nil {
+			writeJSON(w, status, body)
+			return
+		}
+		var ae *apiError
+		switch {
+		case errors.As(err, &ae):
+		case errors.Is(err, tenancy.ErrInvalid):
+			ae = invalid("%s", strings.TrimPrefix(err.Error(), tenancy.ErrInvalid.Error()+": "))
+		case errors.Is(err, tenancy.ErrNotFound):
+			ae = &apiError{http.StatusNotFound, codeNotFound, err.Error()}
+		case errors.Is(err, tenancy.ErrConflict):
+			ae = &apiError{http.StatusConflict, codeConflict, err.Error()}
+		default:
+			a.cfg.Log.Error("admin API request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+			ae = &apiError{http.StatusInternalServerError, codeInternal, "internal error"}
+		}
+		writeError(w, ae)
+	}
+}
+
+// caller is who made the request.
+type caller struct {
+	global    bool
+	principal access.Principal
+}
+
+type callerKey struct{}
+
+func callerOf(r *http.Request) caller { return r.Context().Value(callerKey{}).(caller) }
+
+// authenticate resolves the bearer token to a global admin or a tenant
+// admin; other callers are refused.
+func (a *api) authenticate(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if !ok || token == "" {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="xiaoclaw"`)
+			writeError(w, &apiError{http.StatusUnauthorized, codeUnauthenticated, "a bearer token is required"})
+			return
+		}
+		sum := sha256.Sum256([]byte(token))
+		global := false
+		for _, h := range a.adminHashes {
+			if subtle.ConstantTimeCompare(sum[:], h[:]) == 1 {
+				global = true
+			}
+		}
+		c := caller{global: global}
+		if !global {
+			p, err := a.cfg.Operators.AuthenticateOperator(r.Context(), token)
+			switch {
+			case errors.Is(err, access.ErrUnauthenticated):
+				w.Header().Set("WWW-Authenticate", `Bearer realm="xiaoclaw", error="invalid_token"`)
+				writeError(w, &apiError{http.StatusUnauthorized, codeUnauthenticated, "invalid, expired or revoked token"})
+				return
+			case err != nil:
+				a.cfg.Log.Error("admin API authentication failed", "err", err)
+				writeError(w, &apiError{http.StatusServiceUnavailable, codeUnavailable, "credentials cannot be checked right now"})
+				return
+			case p.Role != access.RoleAdmin:
+				writeError(w, &apiError{http.StatusForbidden, codePermission, "the admin role is required"})
+				return
+			}
+			c.principal = p
+		}
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), callerKey{}, c)))
+	})
+}
+
+// tenantScope answers "not found" for a tenant the caller may not see.
+func (a *api) tenantScope(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c := callerOf(r)
+		t := chi.URLParam(r, "tenant")
+		if !c.global && c.principal.Tenant != t {
+			writeError(w, &apiError{http.StatusNotFound, codeNotFound, fmt.Sprintf("tenant %q: not found", t)})
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+func (a *api) globalOnly(h handlerFunc) handlerFunc {
+	return func(r *http.Request) (int, any, error) {
+		if !callerOf(r).global {
+			return 0, nil, &apiError{http.StatusForbidden, codePermission, "a global admin token is required"}
+		}
+		return h(r)
+	}
+}
+
+// decode reads a JSON body into v: JSON only, size-capped, no unknown
+// fields, nothing after the value.
+func (a *api) decode(r *http.Request, v any) error {
+	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/json" {
+		return &apiError{http.StatusUnsupportedMediaType, codeMediaType, "the body must be application/json"}
+	}
+	dec := json.NewDecoder(http.MaxBytesReader(nil, r.Body, a.cfg.MaxBodyBytes))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		var tooLarge *http.MaxBytesError
+		if errors.As(err, &tooLarge) {
+			return &apiError{http.StatusRequestEntityTooLarge, codeTooLarge, fmt.Sprintf("the body exceeds %d bytes", a.cfg.MaxBodyBytes)}
+		}
+		return invalid("bad JSON body: %v", err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return invalid("bad JSON body: data after the object")
+	}
+	return nil
+}
+
+// duration parses a Go duration such as "720h"; "" gives 0.
+func duration(field, s string) (time.Duration, error) {
+	if s == "" {
+		return 0, nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return 0, invalid("%s: %v", field, err)
+	}
+	return d, nil
+}
