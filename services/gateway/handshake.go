@@ -120,6 +120,9 @@ func (c *conn) handleConnect(req protocol.Request) {
 	actx, cancel := context.WithTimeout(c.ctx, 10*time.Second)
 	principal, err := c.s.cfg.Auth.AuthenticateOperator(actx, token)
 	cancel()
+	if c.closing.Load() {
+		return // the handshake timed out while the credential was checked
+	}
 	switch {
 	case errors.Is(err, access.ErrUnauthenticated):
 		rejectAuth(protocol.AuthTokenMismatch)

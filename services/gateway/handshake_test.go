@@ -241,15 +241,20 @@ func TestCapturedNodeHostConnectIsRegistered(t *testing.T) {
 func TestNodeHostFallbackToProtocol3(t *testing.T) {
 	e := newEnv(t)
 	gw := e.gateway(nil)
-	p := gwtest.NodeParams(tokOperator, "legacy", "system.which")
-	*p.MinProtocol, *p.MaxProtocol = 3, 3
-	p.Client.DeviceFamily = nil
-	h, res, err := gwtest.ConnectNodeHost(ctxT(t), gw.URL(), p, nil, nil)
+	c, err := gwtest.Dial(ctxT(t), gw.URL())
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer h.CloseNow()
-	if hello := payload[map[string]any](t, res); hello["protocol"] != 3.0 {
+	defer c.CloseNow()
+	// The captured node host connect as the current client retries it
+	// against a v3 gateway: protocol 3/3 and no deviceFamily.
+	params := capturedParams(t, 220, tokOperator)
+	params["minProtocol"], params["maxProtocol"] = 3, 3
+	delete(params["client"].(map[string]any), "deviceFamily")
+	_, priv, _ := ed25519.GenerateKey(nil)
+	resign(t, params, c.Challenge, priv)
+	hello := payload[map[string]any](t, must(c.Connect(ctxT(t), params)))
+	if hello["protocol"] != 3.0 || hello["auth"].(map[string]any)["method"] != nil {
 		t.Fatalf("hello %v", hello)
 	}
 }

@@ -236,13 +236,24 @@ func (a *api) authenticate(next http.Handler) http.Handler {
 	})
 }
 
-// tenantScope answers "not found" for a tenant the caller may not see.
+// tenantScope answers "not found" for a tenant that does not exist or that
+// the caller may not see.
 func (a *api) tenantScope(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		c := callerOf(r)
 		t := chi.URLParam(r, "tenant")
+		notFound := &apiError{http.StatusNotFound, codeNotFound, fmt.Sprintf("tenant %q: not found", t)}
 		if !c.global && c.principal.Tenant != t {
-			writeError(w, &apiError{http.StatusNotFound, codeNotFound, fmt.Sprintf("tenant %q: not found", t)})
+			writeError(w, notFound)
+			return
+		}
+		if _, err := a.store.Tenant(r.Context(), t); err != nil {
+			if !errors.Is(err, tenancy.ErrNotFound) {
+				a.cfg.Log.Error("admin API tenant lookup failed", "tenant", t, "err", err)
+				writeError(w, &apiError{http.StatusServiceUnavailable, codeUnavailable, "the store cannot be reached"})
+				return
+			}
+			writeError(w, notFound)
 			return
 		}
 		next.ServeHTTP(w, r)

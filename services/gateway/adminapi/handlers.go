@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -107,6 +108,18 @@ type ExplainRequest struct {
 	Object  string          `json:"object"` // a node id
 	Action  string          `json:"action"` // a command, or mcp.tools.call:<tool>
 	Args    json.RawMessage `json:"args,omitempty"`
+}
+
+// ExplainResponse says which rule decides and why.
+type ExplainResponse struct {
+	Allowed bool   `json:"allowed"`
+	RuleID  string `json:"ruleId,omitempty"`
+	Reason  string `json:"reason"`
+	// Default is true when no rule applied and the tenant's default decided.
+	Default bool `json:"default"`
+	// Matched lists every rule whose subject, object and action match, in
+	// rule order; applies is false when its predicate does not hold.
+	Matched []policy.MatchedRule `json:"matched"`
 }
 
 const defaultOverlap = 24 * time.Hour
@@ -248,16 +261,8 @@ func (a *api) listGroups(r *http.Request) (int, any, error) {
 	for name, nodes := range gs {
 		out.Groups = append(out.Groups, Group{Name: name, Nodes: nodes})
 	}
-	sortGroups(out.Groups)
+	slices.SortFunc(out.Groups, func(x, y Group) int { return strings.Compare(x.Name, y.Name) })
 	return http.StatusOK, out, nil
-}
-
-func sortGroups(gs []Group) {
-	for i := 1; i < len(gs); i++ {
-		for j := i; j > 0 && gs[j].Name < gs[j-1].Name; j-- {
-			gs[j], gs[j-1] = gs[j-1], gs[j]
-		}
-	}
 }
 
 func (a *api) putGroup(r *http.Request) (int, any, error) {
@@ -302,10 +307,6 @@ func (a *api) addRule(r *http.Request) (int, any, error) {
 		return 0, nil, err
 	}
 	tenant := tenantParam(r)
-	// Rules of an unknown tenant are "not found", not "invalid".
-	if _, err := a.store.Tenant(r.Context(), tenant); err != nil {
-		return 0, nil, err
-	}
 	rule, err := a.cfg.Manager.AddRule(r.Context(), tenancy.Rule{Tenant: tenant, Effect: req.Effect, Subject: req.Subject,
 		Object: req.Object, Action: req.Action, When: req.When, Description: req.Description})
 	return http.StatusCreated, rule, err
@@ -321,9 +322,6 @@ func (a *api) explain(r *http.Request) (int, any, error) {
 		return 0, nil, err
 	}
 	tenant := tenantParam(r)
-	if _, err := a.store.Tenant(r.Context(), tenant); err != nil {
-		return 0, nil, err
-	}
 	if err := wire.ValidNodeID(req.Object); err != nil {
 		return 0, nil, invalid("object must be a node id: %v", err)
 	}
@@ -360,5 +358,9 @@ func (a *api) explain(r *http.Request) (int, any, error) {
 		return 0, nil, invalid("roles are admin, operator and viewer")
 	}
 	ex, err := a.cfg.Policy.Explain(r.Context(), tenant, p, req.Object, req.Action, req.Args)
-	return http.StatusOK, ex, err
+	if err != nil {
+		return 0, nil, err
+	}
+	return http.StatusOK, ExplainResponse{Allowed: ex.Allowed, RuleID: ex.RuleID, Reason: ex.Reason,
+		Default: ex.Default, Matched: ex.Matched}, nil
 }
