@@ -29,6 +29,10 @@ const (
 	// BucketIdempotency is the JetStream KV bucket that deduplicates
 	// node.invoke by idempotency key across gateway replicas.
 	BucketIdempotency = "xc_idem"
+	// BucketActivation is the JetStream KV bucket of device activations
+	// (devicehub OTA): keys "device.<device>" (an Activation record) and
+	// "code.<6 digits>" (the device a pending code belongs to).
+	BucketActivation = "xc_activation"
 )
 
 // DeviceRPC is the request/reply subject served by the devicehub replica

@@ -30,6 +30,7 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+	paho "github.com/eclipse/paho.mqtt.golang"
 )
 
 // Defaults of Config.
@@ -68,10 +69,28 @@ type Config struct {
 	HelloTimeout time.Duration
 	// Log receives the device's diagnostics; nil discards them.
 	Log *slog.Logger
-	// HTTPClient dials the WebSocket; nil makes one per device. With a
-	// client of your own, Drop falls back to closing without a close frame
-	// at the WebSocket layer.
+	// HTTPClient dials the WebSocket and posts OTA requests; nil makes one
+	// per device. With a client of your own, Drop falls back to closing
+	// without a close frame at the WebSocket layer.
 	HTTPClient *http.Client
+
+	// Transport is TransportWebSocket (default) or TransportMQTT; with
+	// OTAURL the OTA reply decides instead, as on the firmware.
+	Transport string
+	// MQTT is the broker connection of the MQTT transport, as an OTA mqtt
+	// section carries it.
+	MQTT MQTTConfig
+	// OTAURL, when set, makes Connect boot like the firmware: POST the OTA
+	// request, run the activation loop while the reply carries an
+	// activation, then use the mqtt section if present, else the websocket
+	// one. URL, Token and MQTT are then ignored.
+	OTAURL string
+	// ActivationPoll is the wait between activation polls while the server
+	// answers 202 (the firmware waits 3 s; other answers wait 3 × as long).
+	ActivationPoll time.Duration
+	// WrapActivation sends the /activate body as {"Payload":{…}}, as some
+	// clients do.
+	WrapActivation bool
 }
 
 func (c *Config) setDefaults() {
@@ -87,6 +106,18 @@ func (c *Config) setDefaults() {
 	if c.HelloTimeout <= 0 {
 		c.HelloTimeout = DefaultHelloTimeout
 	}
+	if c.Transport == "" {
+		c.Transport = TransportWebSocket
+	}
+	if c.ActivationPoll <= 0 {
+		c.ActivationPoll = 3 * time.Second
+	}
+	if c.MQTT.Keepalive <= 0 {
+		c.MQTT.Keepalive = DefaultMQTTKeepalive
+	}
+	if c.MQTT.PublishTopic == "" {
+		c.MQTT.PublishTopic = DefaultPublishTopic
+	}
 	if c.Log == nil {
 		c.Log = slog.New(slog.DiscardHandler)
 	}
@@ -98,9 +129,26 @@ func (c *Config) setDefaults() {
 
 // Validate reports a configuration that cannot connect.
 func (c Config) Validate() error {
-	u, err := url.Parse(c.URL)
-	if err != nil || (u.Scheme != "ws" && u.Scheme != "wss" && u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return fmt.Errorf("xzsim: URL %q is not a ws:// or wss:// URL", c.URL)
+	switch {
+	case c.OTAURL != "":
+		u, err := url.Parse(c.OTAURL)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return fmt.Errorf("xzsim: OTAURL %q is not an http:// or https:// URL", c.OTAURL)
+		}
+	case c.Transport == TransportMQTT:
+		if _, _, err := net.SplitHostPort(c.MQTT.Endpoint); err != nil && c.MQTT.Endpoint == "" {
+			return fmt.Errorf("xzsim: MQTT.Endpoint is required for the MQTT transport")
+		}
+		if c.MQTT.ClientID == "" {
+			return fmt.Errorf("xzsim: MQTT.ClientID is required for the MQTT transport")
+		}
+	case c.Transport == TransportWebSocket || c.Transport == "":
+		u, err := url.Parse(c.URL)
+		if err != nil || (u.Scheme != "ws" && u.Scheme != "wss" && u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return fmt.Errorf("xzsim: URL %q is not a ws:// or wss:// URL", c.URL)
+		}
+	default:
+		return fmt.Errorf("xzsim: unknown transport %q", c.Transport)
 	}
 	if _, err := net.ParseMAC(c.MAC); err != nil || len(c.MAC) != 17 {
 		return fmt.Errorf("xzsim: MAC %q is not of the form aa:bb:cc:dd:ee:ff", c.MAC)
@@ -141,6 +189,10 @@ type Device struct {
 	requests   map[string]int
 	lastParams map[string]json.RawMessage
 	conn       *connection
+	audio      *audioChannel // the open voice session over MQTT, if any
+	goodbyes   int           // server goodbyes honoured
+	activation string        // the activation code shown, while activating
+	otaReply   json.RawMessage
 
 	held  atomic.Int64
 	calls atomic.Int64
@@ -244,17 +296,28 @@ func (d *Device) statusJSON() jsonText {
 	return jsonText(b)
 }
 
-// connection is one WebSocket session of a device.
+// connection is one session of a device, over WebSocket or MQTT.
 type connection struct {
 	d         *Device
-	ws        *websocket.Conn
-	raw       net.Conn // the TCP connection, for abrupt drops
+	transport string
+	ws        *websocket.Conn // WebSocket
+	mq        paho.Client     // MQTT
+	pubTopic  string          // MQTT uplink topic
+	raw       net.Conn        // the TCP connection, for abrupt drops
 	sessionID atomic.Pointer[string]
-	hello     atomic.Pointer[json.RawMessage] // the server hello
-	helloed   chan struct{}                   // closed when the server hello arrived
-	helloOnce sync.Once
+	hello     atomic.Pointer[json.RawMessage] // the last accepted server hello
+	helloMu   sync.Mutex
+	helloWait chan json.RawMessage // set while a hello is awaited
 	done      chan struct{}
+	doneOnce  sync.Once
 	err       error // why the connection ended; set before done is closed
+}
+
+func (c *connection) finish(err error) {
+	c.doneOnce.Do(func() {
+		c.err = err
+		close(c.done)
+	})
 }
 
 type netConnSlot struct{ c net.Conn }
@@ -275,11 +338,15 @@ func newDialClient() *http.Client {
 	}}
 }
 
-// Connect opens a WebSocket session like the firmware: upgrade with the
-// device headers, send the hello, wait for the server hello (at most
-// HelloTimeout), then send "listen start". It returns once the session is
-// up; the device then serves MCP in the background until the connection
-// ends (see Done). Connect fails if the device is already connected.
+// Connect opens a session like the firmware. With OTAURL it first boots
+// through OTA (activation loop included) and uses the transport the reply
+// names, MQTT when present. Over WebSocket it upgrades with the device
+// headers, sends the hello, waits for the server hello (at most
+// HelloTimeout) and sends "listen start". Over MQTT it connects to the
+// broker (MQTT 3.1.1, no subscription) and stays idle: a voice session
+// opens only with OpenAudio. It returns once the session is up; the
+// device then serves MCP in the background until the connection ends (see
+// Done). Connect fails if the device is already connected.
 func (d *Device) Connect(ctx context.Context) error {
 	d.mu.Lock()
 	if c := d.conn; c != nil {
@@ -292,7 +359,28 @@ func (d *Device) Connect(ctx context.Context) error {
 	}
 	d.mu.Unlock()
 
-	u, hdr := d.upgradeRequest()
+	p := connectParams{transport: d.cfg.Transport, url: d.cfg.URL, token: d.cfg.Token, mqtt: d.cfg.MQTT}
+	if d.cfg.OTAURL != "" {
+		var err error
+		if p, err = d.bootOTA(ctx); err != nil {
+			return err
+		}
+	}
+	if p.transport == TransportMQTT {
+		return d.connectMQTT(ctx, p.mqtt)
+	}
+	return d.connectWebSocket(ctx, p.url, p.token)
+}
+
+// connectParams is where and how to connect: from Config or from OTA.
+type connectParams struct {
+	transport  string
+	url, token string
+	mqtt       MQTTConfig
+}
+
+func (d *Device) connectWebSocket(ctx context.Context, wsURL, token string) error {
+	u, hdr := d.upgradeRequest(wsURL, token)
 	slot := &netConnSlot{}
 	dialCtx, cancel := context.WithTimeout(context.WithValue(ctx, netConnSlotKey{}, slot), d.cfg.HelloTimeout)
 	defer cancel()
@@ -308,13 +396,14 @@ func (d *Device) Connect(ctx context.Context) error {
 			}
 			return &HandshakeError{StatusCode: resp.StatusCode, Body: body}
 		}
-		return fmt.Errorf("xzsim: dial %s: %w", d.cfg.URL, err)
+		return fmt.Errorf("xzsim: dial %s: %w", wsURL, err)
 	}
 	ws.SetReadLimit(1 << 20)
-	c := &connection{d: d, ws: ws, raw: slot.c, helloed: make(chan struct{}), done: make(chan struct{})}
+	c := &connection{d: d, transport: TransportWebSocket, ws: ws, raw: slot.c, done: make(chan struct{})}
 	d.mu.Lock()
 	d.conn = c
 	d.mu.Unlock()
+	helloCh := c.expectHello()
 	go c.readLoop()
 
 	if err := c.write(dialCtx, d.helloFrame()); err != nil {
@@ -322,20 +411,10 @@ func (d *Device) Connect(ctx context.Context) error {
 		<-c.done
 		return fmt.Errorf("xzsim: send hello: %w", err)
 	}
-	timer := time.NewTimer(d.cfg.HelloTimeout)
-	defer timer.Stop()
-	select {
-	case <-c.helloed:
-	case <-timer.C:
+	if _, err := c.awaitHello(ctx, helloCh); err != nil {
 		c.ws.CloseNow()
 		<-c.done
-		return ErrHelloTimeout
-	case <-c.done:
-		return fmt.Errorf("xzsim: connection ended before the server hello: %w", c.err)
-	case <-ctx.Done():
-		c.ws.CloseNow()
-		<-c.done
-		return ctx.Err()
+		return err
 	}
 	sid := c.SessionID()
 	listen, _ := json.Marshal(map[string]string{"session_id": sid, "type": "listen", "state": "start", "mode": "auto"})
@@ -346,16 +425,41 @@ func (d *Device) Connect(ctx context.Context) error {
 	return nil
 }
 
-func (d *Device) upgradeRequest() (string, http.Header) {
+// expectHello arms the wait for the next acceptable server hello.
+func (c *connection) expectHello() <-chan json.RawMessage {
+	ch := make(chan json.RawMessage, 1)
+	c.helloMu.Lock()
+	c.helloWait = ch
+	c.helloMu.Unlock()
+	return ch
+}
+
+// awaitHello waits HelloTimeout for the hello armed by expectHello.
+func (c *connection) awaitHello(ctx context.Context, ch <-chan json.RawMessage) (json.RawMessage, error) {
+	timer := time.NewTimer(c.d.cfg.HelloTimeout)
+	defer timer.Stop()
+	select {
+	case h := <-ch:
+		return h, nil
+	case <-timer.C:
+		return nil, ErrHelloTimeout
+	case <-c.done:
+		return nil, fmt.Errorf("xzsim: connection ended before the server hello: %w", c.err)
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+func (d *Device) upgradeRequest(wsURL, token string) (string, http.Header) {
 	auth := ""
-	if d.cfg.Token != "" {
-		auth = d.cfg.Token
+	if token != "" {
+		auth = token
 		if !strings.Contains(auth, " ") {
 			auth = "Bearer " + auth
 		}
 	}
 	hdr := http.Header{}
-	u := d.cfg.URL
+	u := wsURL
 	if d.cfg.AuthInQuery {
 		q := url.Values{}
 		q.Set("device-id", d.cfg.MAC)
@@ -428,10 +532,10 @@ func (d *Device) Err() error {
 }
 
 // CloseStatus returns the WebSocket close code the server sent when it
-// ended the current connection, or -1.
+// ended the current connection, or -1 (also for MQTT).
 func (d *Device) CloseStatus() websocket.StatusCode {
 	c, err := d.current()
-	if err != nil {
+	if err != nil || c.ws == nil {
 		return -1
 	}
 	select {
@@ -442,7 +546,17 @@ func (d *Device) CloseStatus() websocket.StatusCode {
 	}
 }
 
-// SessionID returns the session id from the server hello.
+// Transport returns the transport of the current connection ("" before
+// the first).
+func (d *Device) Transport() string {
+	c, err := d.current()
+	if err != nil {
+		return ""
+	}
+	return c.transport
+}
+
+// SessionID returns the session id from the last server hello.
 func (d *Device) SessionID() string {
 	c, err := d.current()
 	if err != nil {
@@ -451,7 +565,7 @@ func (d *Device) SessionID() string {
 	return c.SessionID()
 }
 
-// ServerHello returns the server hello of the current connection.
+// ServerHello returns the last server hello of the current connection.
 func (d *Device) ServerHello() json.RawMessage {
 	c, err := d.current()
 	if err != nil {
@@ -463,10 +577,20 @@ func (d *Device) ServerHello() json.RawMessage {
 	return nil
 }
 
-// Close ends the connection with a normal WebSocket close and waits for it.
+// Close ends the connection normally (WebSocket close, MQTT DISCONNECT)
+// and waits for it.
 func (d *Device) Close() error {
 	c, err := d.current()
 	if err != nil {
+		return nil
+	}
+	if c.mq != nil {
+		select {
+		case <-c.done:
+		default:
+			c.mq.Disconnect(250)
+			c.finish(nil)
+		}
 		return nil
 	}
 	err = c.ws.Close(websocket.StatusNormalClosure, "bye")
@@ -474,16 +598,17 @@ func (d *Device) Close() error {
 	return err
 }
 
-// Drop closes the TCP connection abruptly, without a WebSocket close frame,
-// as a device losing power or Wi-Fi does.
+// Drop closes the TCP connection abruptly, without a WebSocket close frame
+// or MQTT DISCONNECT, as a device losing power or Wi-Fi does.
 func (d *Device) Drop() {
 	c, err := d.current()
 	if err != nil {
 		return
 	}
-	if c.raw != nil {
+	switch {
+	case c.raw != nil:
 		c.raw.Close()
-	} else {
+	case c.ws != nil:
 		c.ws.CloseNow()
 	}
 	<-c.done
@@ -506,7 +631,7 @@ func (d *Device) Notify(ctx context.Context, method string, params json.RawMessa
 	return c.write(ctx, c.mcpFrame(payload))
 }
 
-// SendText sends one raw text frame, e.g. a malformed one.
+// SendText sends one raw text frame (MQTT: one publish), e.g. a malformed one.
 func (d *Device) SendText(ctx context.Context, frame []byte) error {
 	c, err := d.current()
 	if err != nil {
@@ -515,11 +640,15 @@ func (d *Device) SendText(ctx context.Context, frame []byte) error {
 	return c.write(ctx, frame)
 }
 
-// SendBinary sends one binary frame, as the firmware does with Opus audio.
+// SendBinary sends one binary frame, as the firmware does with Opus audio
+// (WebSocket only).
 func (d *Device) SendBinary(ctx context.Context, frame []byte) error {
 	c, err := d.current()
 	if err != nil {
 		return err
+	}
+	if c.ws == nil {
+		return errors.New("xzsim: binary frames exist on WebSocket only")
 	}
 	return c.ws.Write(ctx, websocket.MessageBinary, frame)
 }
@@ -532,6 +661,9 @@ func (c *connection) SessionID() string {
 }
 
 func (c *connection) write(ctx context.Context, frame []byte) error {
+	if c.mq != nil {
+		return c.publish(ctx, frame)
+	}
 	return c.ws.Write(ctx, websocket.MessageText, frame)
 }
 
@@ -547,12 +679,11 @@ func (c *connection) mcpFrame(payload []byte) []byte {
 }
 
 func (c *connection) readLoop() {
-	defer close(c.done)
 	for {
 		typ, frame, err := c.ws.Read(context.Background())
 		if err != nil {
-			c.err = err
 			c.d.cfg.Log.Debug("xzsim: connection ended", "mac", c.d.cfg.MAC, "err", err)
+			c.finish(err)
 			return
 		}
 		if typ != websocket.MessageText {
@@ -563,13 +694,15 @@ func (c *connection) readLoop() {
 }
 
 // handleFrame processes one JSON message from the server as the firmware
-// does: messages without a type are dropped, hello sets the session,
-// mcp goes to the MCP server, everything else is ignored.
+// does: messages without a type are dropped, a hello for this transport
+// sets the session (over MQTT only with a complete udp block), a goodbye
+// with the current session id closes the voice session, mcp goes to the
+// MCP server, everything else is ignored.
 func (c *connection) handleFrame(frame []byte) {
 	var msg struct {
 		Type      string          `json:"type"`
 		Transport string          `json:"transport"`
-		SessionID string          `json:"session_id"`
+		SessionID *string         `json:"session_id"`
 		Payload   json.RawMessage `json:"payload"`
 	}
 	if json.Unmarshal(frame, &msg) != nil || msg.Type == "" {
@@ -577,16 +710,33 @@ func (c *connection) handleFrame(frame []byte) {
 	}
 	switch msg.Type {
 	case "hello":
-		if msg.Transport != "websocket" {
+		if c.transport == TransportMQTT {
+			if _, err := ParseUDPHello(frame); err != nil {
+				c.d.cfg.Log.Debug("xzsim: server hello ignored", "mac", c.d.cfg.MAC, "err", err)
+				return
+			}
+		} else if msg.Transport != "websocket" {
 			return // the firmware ignores a hello for another transport
 		}
-		c.helloOnce.Do(func() {
-			sid := msg.SessionID
-			c.sessionID.Store(&sid)
-			h := append(json.RawMessage(nil), frame...)
-			c.hello.Store(&h)
-			close(c.helloed)
-		})
+		c.helloMu.Lock()
+		wait := c.helloWait
+		c.helloWait = nil
+		c.helloMu.Unlock()
+		if wait == nil {
+			return // not waiting for one: the firmware ignores it
+		}
+		sid := ""
+		if msg.SessionID != nil {
+			sid = *msg.SessionID
+		}
+		c.sessionID.Store(&sid)
+		h := append(json.RawMessage(nil), frame...)
+		c.hello.Store(&h)
+		wait <- h
+	case "goodbye":
+		if c.transport == TransportMQTT && msg.SessionID != nil && *msg.SessionID == c.SessionID() {
+			c.d.closeAudio(true)
+		}
 	case "mcp":
 		c.handleMCP(msg.Payload)
 	}

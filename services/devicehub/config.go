@@ -1,12 +1,15 @@
 package devicehub
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"time"
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/deviceauth"
+	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
 )
 
 // Defaults of Config; a zero field takes its default.
@@ -23,6 +26,11 @@ const (
 	DefaultMaxCatalogBytes = 512 << 10
 	DefaultMaxToolPages    = 100
 	DefaultShutdownTimeout = 5 * time.Second
+
+	DefaultMQTTMaxPayload  = 8192 // the firmware's MQTT buffer
+	DefaultMQTTKeepalive   = 240 * time.Second
+	DefaultMQTTBufferSize  = 1024
+	DefaultMQTTWritesQueue = 16
 )
 
 // Config of a devicehub. The zero value of every field but Auth means its
@@ -71,6 +79,45 @@ type Config struct {
 	ShutdownTimeout time.Duration
 	// Version is reported as clientInfo.version in MCP initialize.
 	Version string
+
+	// MQTTAddr, when set, runs the embedded MQTT broker for XiaoZhi MQTT
+	// devices on this TCP address ("host:0" picks a free port; MQTTAddr()
+	// returns the real one). Empty: no MQTT.
+	MQTTAddr string
+	// MQTTTLS, when set, serves MQTT over TLS with this configuration (it
+	// must carry a certificate). The firmware dials port 8883 with TLS and
+	// the public CA bundle, any other port in plain TCP.
+	MQTTTLS *tls.Config
+	// MQTTMaxPayload caps one MQTT publish payload in either direction; the
+	// firmware cannot take larger ones. A larger request fails with
+	// TOO_LARGE, a larger response fails its call with TOO_LARGE; the
+	// session stays. Default 8192.
+	MQTTMaxPayload int
+	// MQTTKeepalive is used for a client that asks for keepalive 0; a
+	// client silent for 1.5 × its keepalive is disconnected. Default 240 s
+	// (the firmware's value).
+	MQTTKeepalive time.Duration
+	// MQTTBufferSize is the read and write buffer of one MQTT connection
+	// (at most 2 KiB; default 1 KiB). MQTTWritesQueue caps the broker's
+	// per-client outbound queue (at most 128; default 16).
+	MQTTBufferSize  int
+	MQTTWritesQueue int
+	// UDPAddr is where the UDP audio sink announced in MQTT server hellos
+	// listens; it accepts and drops audio. Default: MQTTAddr's host, a free
+	// port.
+	UDPAddr string
+	// UDPPublicHost is the udp.server announced to devices. Default: the
+	// UDP listen host when it is a specific address, else the local address
+	// the device's MQTT connection reached.
+	UDPPublicHost string
+	// GoodbyeAfter is how long an MQTT device's voice session (opened by
+	// its hello) stays open before the hub ends it with a goodbye; the hub
+	// has no audio pipeline. 0: the goodbye follows the hello at once.
+	GoodbyeAfter time.Duration
+
+	// OTA, when OTA.Credentials is set, serves the firmware's OTA and
+	// activation endpoints on the device port (see OTAConfig).
+	OTA OTAConfig
 }
 
 func (c *Config) setDefaults() {
@@ -87,6 +134,16 @@ func (c *Config) setDefaults() {
 	setDefault(&c.MaxToolPages, DefaultMaxToolPages)
 	setDefault(&c.ShutdownTimeout, DefaultShutdownTimeout)
 	setDefault(&c.Version, "dev")
+	setDefault(&c.MQTTMaxPayload, min(DefaultMQTTMaxPayload, c.MaxFrameBytes))
+	setDefault(&c.MQTTKeepalive, DefaultMQTTKeepalive)
+	setDefault(&c.MQTTBufferSize, DefaultMQTTBufferSize)
+	setDefault(&c.MQTTWritesQueue, DefaultMQTTWritesQueue)
+	if c.UDPAddr == "" && c.MQTTAddr != "" {
+		if host, _, err := net.SplitHostPort(c.MQTTAddr); err == nil {
+			c.UDPAddr = net.JoinHostPort(host, "0")
+		}
+	}
+	c.OTA.setDefaults()
 }
 
 func setDefault[T comparable](p *T, def T) {
@@ -122,6 +179,35 @@ func (c Config) Validate() error {
 	}
 	if c.MaxFrameBytes < 1024 || c.MaxFrameBytes > 8<<20 {
 		errs = append(errs, errors.New("MaxFrameBytes must be between 1 KiB and 8 MiB"))
+	}
+	if c.MQTTAddr != "" {
+		if _, _, err := net.SplitHostPort(c.MQTTAddr); err != nil {
+			errs = append(errs, fmt.Errorf("MQTTAddr %q: %w", c.MQTTAddr, err))
+		}
+		if _, _, err := net.SplitHostPort(c.UDPAddr); err != nil {
+			errs = append(errs, fmt.Errorf("UDPAddr %q: %w", c.UDPAddr, err))
+		}
+		if c.MQTTTLS != nil && len(c.MQTTTLS.Certificates) == 0 && c.MQTTTLS.GetCertificate == nil {
+			errs = append(errs, errors.New("MQTTTLS has no certificate"))
+		}
+	}
+	if c.MQTTMaxPayload < 512 || c.MQTTMaxPayload > c.MaxFrameBytes {
+		errs = append(errs, errors.New("MQTTMaxPayload must be between 512 bytes and MaxFrameBytes"))
+	}
+	if c.MQTTKeepalive < time.Second || c.MQTTKeepalive > 65535*time.Second {
+		errs = append(errs, errors.New("MQTTKeepalive must be between 1s and 65535s"))
+	}
+	if c.MQTTBufferSize < 256 || c.MQTTBufferSize > 2048 || c.MQTTWritesQueue < 1 || c.MQTTWritesQueue > 128 {
+		errs = append(errs, errors.New("MQTTBufferSize must be 256-2048 and MQTTWritesQueue 1-128"))
+	}
+	if c.GoodbyeAfter < 0 {
+		errs = append(errs, errors.New("GoodbyeAfter must not be negative"))
+	}
+	if err := c.OTA.validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if c.MQTTAddr == "" && c.OTA.MQTTEndpoint == "" && slices.Contains(c.OTA.Transports, wire.TransportMQTT) {
+		errs = append(errs, errors.New("OTA offers MQTT but neither MQTTAddr nor OTA.MQTTEndpoint is set"))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("devicehub config: %w", err)

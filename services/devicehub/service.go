@@ -1,15 +1,19 @@
 // Package devicehub terminates device sessions at the edge and puts their
 // MCP traffic on NATS. XiaoZhi devices connect over WebSocket at
-// /xiaozhi/v1/; the hub authenticates the upgrade, answers the hello, runs
-// MCP discovery (initialize, paged tools/list), announces presence on
-// wire.DeviceState and serves wire.DeviceRPC for every session it holds:
-// one JSON-RPC request in, the device's response out, or a wire.Fault.
+// /xiaozhi/v1/ or over MQTT to the embedded broker (Config.MQTTAddr); the
+// hub authenticates them, answers their hellos, runs MCP discovery
+// (initialize, paged tools/list), announces presence on wire.DeviceState
+// and serves wire.DeviceRPC for every session it holds: one JSON-RPC
+// request in, the device's response out, or a wire.Fault. The NATS side is
+// the same for both transports.
 //
-// The session core (ids, pending calls, presence, NATS) is independent of
-// the transport, so other device transports plug in beside the WebSocket.
+// The firmware's OTA endpoint (Config.OTA) tells a booting device which
+// transport to use and hands out credentials minted from its tenant's
+// keys; unknown devices get an activation code an operator binds to a
+// tenant (Activations).
 //
-// Embedding: New, then optionally add routes to Router (e.g. the OTA
-// endpoint) before Run; Run serves until its context ends.
+// Embedding: New, then optionally add routes to Router before Run; Run
+// serves until its context ends.
 package devicehub
 
 import (
@@ -41,6 +45,8 @@ type Service struct {
 	router *chi.Mux
 	log    *slog.Logger
 
+	mqtt *mqttBroker // nil without MQTTAddr
+
 	ready   chan struct{}
 	addr    atomic.Pointer[string]
 	running atomic.Bool
@@ -63,6 +69,14 @@ func New(cfg Config, nc *nats.Conn, log *slog.Logger) (*Service, error) {
 	s.hub = newHub(&s.cfg, nc, log)
 	s.router.Get(WebSocketPath, s.hub.serveWebSocket)
 	s.router.Get(WebSocketPath[:len(WebSocketPath)-1], s.hub.serveWebSocket)
+	if cfg.MQTTAddr != "" {
+		b, err := newMQTTBroker(s.hub, log)
+		if err != nil {
+			return nil, fmt.Errorf("devicehub: MQTT broker: %w", err)
+		}
+		s.mqtt = b
+	}
+	s.mountOTA()
 	return s, nil
 }
 
@@ -81,6 +95,24 @@ func (s *Service) DeviceAddr() string {
 		return *p
 	}
 	return ""
+}
+
+// MQTTAddr returns the address of the MQTT listener (the real port when
+// MQTTAddr asked for port 0); "" without MQTT or before Ready.
+func (s *Service) MQTTAddr() string {
+	if s.mqtt == nil || s.DeviceAddr() == "" {
+		return ""
+	}
+	return s.mqtt.ln.Address()
+}
+
+// UDPAddr returns the address of the UDP audio sink announced to MQTT
+// devices; "" without MQTT or before Ready.
+func (s *Service) UDPAddr() string {
+	if s.mqtt == nil || s.DeviceAddr() == "" {
+		return ""
+	}
+	return s.mqtt.udp.LocalAddr().String()
 }
 
 // Sessions returns the number of device sessions this replica holds.
@@ -107,6 +139,14 @@ func (s *Service) Run(ctx context.Context) error {
 		s.log.Warn("devicehub: NATS flush failed; subscriptions take effect on reconnect", "err", err)
 	}
 
+	if s.mqtt != nil {
+		if err := s.mqtt.start(); err != nil {
+			ln.Close()
+			_ = resync.Unsubscribe()
+			return fmt.Errorf("devicehub: %w", err)
+		}
+	}
+
 	stopDispatch := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Add(2)
@@ -123,7 +163,8 @@ func (s *Service) Run(ctx context.Context) error {
 	addr := ln.Addr().String()
 	s.addr.Store(&addr)
 	close(s.ready)
-	s.log.Info("devicehub: listening", "addr", addr, "path", WebSocketPath, "instance", s.cfg.Instance)
+	s.log.Info("devicehub: listening", "addr", addr, "path", WebSocketPath, "mqtt_addr", s.MQTTAddr(), "udp_addr", s.UDPAddr(),
+		"ota", s.cfg.OTA.Credentials != nil, "instance", s.cfg.Instance)
 
 	select {
 	case <-ctx.Done():
@@ -137,6 +178,9 @@ func (s *Service) Run(ctx context.Context) error {
 	_ = srv.Shutdown(shutdownCtx) // stops accepting; hijacked WebSockets are ours to close
 	_ = resync.Unsubscribe()
 	s.hub.shutdown(s.cfg.ShutdownTimeout)
+	if s.mqtt != nil {
+		s.mqtt.stop()
+	}
 	close(stopDispatch)
 	wg.Wait()
 	if err := s.hub.nc.FlushTimeout(2 * time.Second); err != nil {

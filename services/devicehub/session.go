@@ -129,7 +129,9 @@ func (s *session) publishOnlineLocked() {
 	ev.ClientID = s.clientID
 	ev.RemoteIP = s.remoteIP
 	ev.UserAgent = s.userAgent
-	ev.Hello = json.RawMessage(s.hello.Value())
+	if s.hello != (unique.Handle[string]{}) {
+		ev.Hello = json.RawMessage(s.hello.Value())
+	}
 	ev.MCP = s.hasMCP
 	if s.serverInfo != nil {
 		ev.ServerInfo = json.RawMessage(s.serverInfo.Value())
@@ -195,12 +197,17 @@ func (s *session) handleFrame(frame []byte) error {
 	case "mcp":
 		s.handleMCP(f.Payload)
 	case "hello":
-		// A repeated hello gets the same answer; the session goes on.
-		if t, ok := s.conn.(interface{ resendHello() }); ok {
-			t.resendHello()
+		// WebSocket: a repeated hello gets the same answer, the session goes
+		// on. MQTT: the hello opens a voice session (see mqttConn).
+		if t, ok := s.conn.(interface{ answerHello(frame []byte) }); ok {
+			t.answerHello(frame)
+		}
+	case "goodbye":
+		if t, ok := s.conn.(interface{ deviceGoodbye(sessionID string) }); ok {
+			t.deviceGoodbye(f.SessionID)
 		}
 	}
-	// listen, abort, goodbye and anything else: nothing for a control plane.
+	// listen, abort and anything else: nothing for a control plane.
 	return nil
 }
 

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"net"
@@ -107,7 +108,8 @@ func (h *hub) refuse(w http.ResponseWriter, status int, msg string, attrs ...any
 func writeJSONError(w http.ResponseWriter, status int, msg string) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
-	_, _ = io.WriteString(w, `{"error":"`+msg+`"}`+"\n")
+	b, _ := json.Marshal(map[string]string{"error": msg})
+	_, _ = w.Write(append(b, '\n'))
 }
 
 // wsConn is the XiaoZhi WebSocket transport of one session.
@@ -348,7 +350,7 @@ func (c *wsConn) writeText(frame []byte) error {
 	return err
 }
 
-func (c *wsConn) resendHello() {
+func (c *wsConn) answerHello([]byte) {
 	_ = c.writeText(xzproto.ServerHello(c.sess.id))
 }
 

@@ -24,7 +24,8 @@ const ProtocolVersion = "2024-11-05"
 
 // Sender writes one JSON-RPC message to the device. The transport wraps it
 // in its envelope and must be safe for concurrent use. A write error means
-// the session is unusable; the transport ends it.
+// the session is unusable and the transport ends it, except a *wire.Fault,
+// which refuses that one message (e.g. TOO_LARGE) and leaves the session up.
 type Sender interface {
 	Send(payload []byte) error
 }
@@ -83,6 +84,10 @@ func (c *Client) Call(ctx context.Context, method string, params json.RawMessage
 		c.forget(id)
 		if f := c.closedFault(); f != nil {
 			return nil, f
+		}
+		var f *wire.Fault
+		if errors.As(err, &f) {
+			return nil, f // the transport refused this request only, e.g. TOO_LARGE
 		}
 		return nil, &wire.Fault{Code: wire.FaultDisconnected, Message: "could not write to the device: " + err.Error()}
 	}
@@ -150,6 +155,21 @@ func (c *Client) Deliver(id uint64, raw json.RawMessage) bool {
 	c.mu.Unlock()
 	if ok {
 		ch <- reply{raw: raw}
+	}
+	return ok
+}
+
+// Fail fails the call waiting for id with f (e.g. a response the transport
+// could not accept) and reports whether one was waiting.
+func (c *Client) Fail(id uint64, f *wire.Fault) bool {
+	c.mu.Lock()
+	ch, ok := c.pending[id]
+	if ok {
+		c.removeLocked(id)
+	}
+	c.mu.Unlock()
+	if ok {
+		ch <- reply{fault: f}
 	}
 	return ok
 }

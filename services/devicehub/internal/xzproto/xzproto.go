@@ -7,6 +7,7 @@ package xzproto
 
 import (
 	"bytes"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -450,4 +451,75 @@ func truncate(s string) string {
 		return s[:64] + "…"
 	}
 	return s
+}
+
+// MQTTClientID is an XiaoZhi MQTT client id,
+// "GID_<group>@@@<mac with _>@@@<uuid>", split into its parts.
+type MQTTClientID struct {
+	Group  string // without the GID_ prefix
+	Device string // the MAC as sent, e.g. aa_bb_cc_dd_ee_ff
+	UUID   string // the device's Client-Id (or its MAC on older servers)
+}
+
+// MaxMQTTClientID caps the client id a device may present.
+const MaxMQTTClientID = 256
+
+// ParseMQTTClientID splits an XiaoZhi MQTT client id. The group may be
+// empty; the device part must be non-empty (the caller canonicalises it);
+// no part may contain "@@@".
+func ParseMQTTClientID(id string) (MQTTClientID, error) {
+	if len(id) > MaxMQTTClientID {
+		return MQTTClientID{}, malformed("MQTT client id longer than %d bytes", MaxMQTTClientID)
+	}
+	parts := strings.Split(id, "@@@")
+	if len(parts) != 3 {
+		return MQTTClientID{}, malformed("MQTT client id is not GID_<group>@@@<mac>@@@<uuid>")
+	}
+	group, ok := strings.CutPrefix(parts[0], "GID_")
+	if !ok {
+		return MQTTClientID{}, malformed("MQTT client id does not start with GID_")
+	}
+	if parts[1] == "" {
+		return MQTTClientID{}, malformed("MQTT client id has no device part")
+	}
+	return MQTTClientID{Group: group, Device: parts[1], UUID: parts[2]}, nil
+}
+
+// P2PTopic is the downlink topic of a device over MQTT: devices/p2p/<mac_>,
+// where mac_ is the device part of its client id.
+func P2PTopic(device string) string { return "devices/p2p/" + device }
+
+// UDPEndpoint is the udp block of the server hello over MQTT.
+type UDPEndpoint struct {
+	Server string // host the device "connects" its UDP socket to
+	Port   int
+	Key    [16]byte // AES-128-CTR key
+	Nonce  [16]byte // counter block template
+}
+
+// ServerHelloUDP renders the server hello for an MQTT session: transport
+// "udp" and a complete udp block, both of which the firmware requires.
+func ServerHelloUDP(sessionID string, u UDPEndpoint) []byte {
+	b := make([]byte, 0, 320)
+	b = append(b, `{"type":"hello","transport":"udp","session_id":`...)
+	b = appendJSONString(b, sessionID)
+	b = append(b, `,"audio_params":{"format":"opus","sample_rate":24000,"channels":1,"frame_duration":60},"udp":{"server":`...)
+	b = appendJSONString(b, u.Server)
+	b = append(b, `,"port":`...)
+	b = strconv.AppendInt(b, int64(u.Port), 10)
+	b = append(b, `,"key":"`...)
+	b = hex.AppendEncode(b, u.Key[:])
+	b = append(b, `","nonce":"`...)
+	b = hex.AppendEncode(b, u.Nonce[:])
+	b = append(b, `","encryption":"aes-128-ctr"}}`...)
+	return b
+}
+
+// Goodbye renders the server goodbye that ends the device's audio channel;
+// the firmware honours it only when session_id matches its own.
+func Goodbye(sessionID string) []byte {
+	b := make([]byte, 0, 64)
+	b = append(b, `{"type":"goodbye","session_id":`...)
+	b = appendJSONString(b, sessionID)
+	return append(b, '}')
 }

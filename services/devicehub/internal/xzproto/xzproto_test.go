@@ -174,6 +174,8 @@ func FuzzParseHello(f *testing.F) {
 	f.Add([]byte(`{"type":"hello","version":1,"features":{"mcp":true},"transport":"websocket"}`))
 	f.Add([]byte(`{"type":"hello","features":[],"version":null}`))
 	f.Add([]byte(`{"type":"hello","version":1e99}`))
+	f.Add([]byte(`{"type":"hello","version":3,"transport":"udp","features":{"mcp":true},"audio_params":{"format":"opus","sample_rate":16000,"channels":1,"frame_duration":60}}`))
+	f.Add([]byte(`{"type":"hello","version":3,"transport":7}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		h, err := ParseHello(b)
 		if err == nil && !json.Valid(b) {
