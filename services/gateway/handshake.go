@@ -169,17 +169,14 @@ func (c *conn) handleConnect(req protocol.Request) {
 	}
 	c.protocol, c.role, c.principal, c.scopes, c.token = proto, role, principal, set, token
 
-	if role == protocol.RoleNode {
-		if err := c.s.attachNodeHost(c, p); err != nil {
-			c.s.log.Warn("register node host", "conn", c.id, "node", c.nodeID, "err", err)
-			c.failHandshake(req.ID, protocol.Unavailable("node registration failed; retry", true), protocol.CloseServiceRestart, "node registration failed")
-			return
-		}
-	}
-	c.respond(req.ID, c.s.hello(c, granted))
-	c.helloDone.Store(true)
+	hello := c.s.hello(c, granted)
 	if role == protocol.RoleOperator {
+		// hello-ok is queued and the connection joins its tenant's event
+		// fan-out under one lock: an event fanned out before is one the
+		// client could not have caused after its hello.
 		c.s.mu.Lock()
+		c.respond(req.ID, hello)
+		c.helloDone.Store(true)
 		set := c.s.operators[principal.Tenant]
 		if set == nil {
 			set = map[*conn]struct{}{}
@@ -187,6 +184,18 @@ func (c *conn) handleConnect(req protocol.Request) {
 		}
 		set[c] = struct{}{}
 		c.s.mu.Unlock()
+	} else {
+		// A node host gets hello-ok before it can receive any invoke: the
+		// invoke subscription and the registry record come after.
+		c.s.mu.Lock()
+		c.respond(req.ID, hello)
+		c.helloDone.Store(true)
+		c.s.mu.Unlock()
+		if err := c.s.attachNodeHost(c, p); err != nil {
+			c.s.log.Warn("register node host", "conn", c.id, "node", c.nodeID, "err", err)
+			c.closeWith(protocol.CloseServiceRestart, "node registration failed")
+			return
+		}
 	}
 	c.s.log.Debug("connected", "conn", c.id, "tenant", principal.Tenant, "principal", principal.ID, "role", role,
 		"protocol", proto, "client", authClient.ID, "scopes", granted)
