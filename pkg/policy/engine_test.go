@@ -6,7 +6,10 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
+	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/access"
@@ -355,4 +358,44 @@ func reference(rules []tenancy.Rule, groups map[string][]string, def string, r a
 		}
 	}
 	return access.Decision{Allowed: def == tenancy.EffectAllow}
+}
+
+// TestConcurrentDecisionsDuringChanges asks from many goroutines while
+// rules come and go; run with -race. Every answer must be one of the two
+// consistent states.
+func TestConcurrentDecisionsDuringChanges(t *testing.T) {
+	f := newFixture(t)
+	f.tenant("acme", "")
+	ctx := context.Background()
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var bad atomic.Int64
+	for g := range 8 {
+		wg.Go(func() {
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				node := "xz-" + strconv.Itoa((g*7+i)%50)
+				d := f.engine.Authorize(ctx, toolCall(opAlice, node, setVolume, `{"volume":99}`))
+				if !d.Allowed && d.RuleID == "" {
+					bad.Add(1)
+				}
+			}
+		})
+	}
+	for range 20 {
+		id := f.rule("acme", "deny", "*", "*", "mcp.tools.call:"+setVolume, "volume > 60")
+		if err := f.mgr.RemoveRule(ctx, "acme", id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	close(stop)
+	wg.Wait()
+	if bad.Load() != 0 {
+		t.Fatalf("%d denials named no rule", bad.Load())
+	}
+	f.expect(toolCall(opAlice, "xz-1", setVolume, `{"volume":99}`), true, "")
 }

@@ -25,10 +25,7 @@ func TestPolicyChangeReachesOtherReplicas(t *testing.T) {
 	t.Cleanup(srv.Shutdown)
 	store := tenancytest.Postgres(t)
 
-	type replica struct {
-		engine *policy.Engine
-	}
-	var replicas []replica
+	var engines []*policy.Engine
 	var mgr *tenancy.Manager
 	for i, name := range []string{"gw-a", "gw-b"} {
 		nc, err := srv.Connect(name)
@@ -54,7 +51,7 @@ func TestPolicyChangeReachesOtherReplicas(t *testing.T) {
 		case <-time.After(5 * time.Second):
 			t.Fatal("watcher not ready")
 		}
-		replicas = append(replicas, replica{engine: e})
+		engines = append(engines, e)
 		if i == 0 {
 			mgr, err = tenancy.NewManager(tenancy.ManagerConfig{Store: store, CheckRule: policy.CheckRule, Log: quiet,
 				Notify: tenancy.NATSNotifier(nc)})
@@ -71,7 +68,7 @@ func TestPolicyChangeReachesOtherReplicas(t *testing.T) {
 	}
 	req := toolCall(opAlice, "xz-1", setVolume, `{"volume":90}`)
 	betaReq := toolCall(access.Principal{Tenant: "beta", ID: opAlice.ID, Role: access.RoleOperator}, "xz-1", setVolume, `{"volume":90}`)
-	b := replicas[1].engine
+	b := engines[1]
 	if d := b.Authorize(ctx, req); !d.Allowed { // compiled and cached on B
 		t.Fatalf("before: %+v", d)
 	}
