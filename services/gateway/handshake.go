@@ -18,6 +18,7 @@ const (
 	scopeRead scopeSet = 1 << iota
 	scopeWrite
 	scopeAdmin
+	scopePairing
 )
 
 // allows reports whether the set satisfies required: admin satisfies
@@ -31,6 +32,8 @@ func (s scopeSet) allows(required string) bool {
 		return s&(scopeRead|scopeWrite) != 0
 	case protocol.ScopeWrite:
 		return s&scopeWrite != 0
+	case protocol.ScopePairing:
+		return s&scopePairing != 0
 	case "":
 		return true
 	}
@@ -39,7 +42,8 @@ func (s scopeSet) allows(required string) bool {
 
 // grantScopes caps the requested scopes by the principal's role: an admin
 // gets every scope it asks for, an operator only operator.read and
-// operator.write, a viewer only operator.read. The order is the request's.
+// operator.write (and operator.pairing, which only lists nodes here), a
+// viewer only operator.read. The order is the request's.
 func grantScopes(role string, requested []string) ([]string, scopeSet) {
 	granted := make([]string, 0, len(requested))
 	var set scopeSet
@@ -49,7 +53,7 @@ func grantScopes(role string, requested []string) ([]string, scopeSet) {
 		case access.RoleAdmin:
 			ok = sc != ""
 		case access.RoleOperator:
-			ok = sc == protocol.ScopeRead || sc == protocol.ScopeWrite
+			ok = sc == protocol.ScopeRead || sc == protocol.ScopeWrite || sc == protocol.ScopePairing
 		case access.RoleViewer:
 			ok = sc == protocol.ScopeRead
 		}
@@ -64,6 +68,8 @@ func grantScopes(role string, requested []string) ([]string, scopeSet) {
 			set |= scopeWrite
 		case protocol.ScopeAdmin:
 			set |= scopeAdmin
+		case protocol.ScopePairing:
+			set |= scopePairing
 		}
 	}
 	return granted, set

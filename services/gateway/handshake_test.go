@@ -184,8 +184,9 @@ func TestSEraSignedCLIConnectV3(t *testing.T) {
 	if hello["protocol"] != 3.0 || auth["method"] != nil {
 		t.Fatalf("hello %v", hello)
 	}
-	// An operator principal gets read and write only, whatever it asks for.
-	if got := toStrings(auth["scopes"]); !slices.Equal(got, []string{"operator.read", "operator.write"}) {
+	// An operator principal gets read, write and pairing (node listing) only,
+	// whatever it asks for: not operator.admin.
+	if got := toStrings(auth["scopes"]); !slices.Equal(got, []string{"operator.read", "operator.write", "operator.pairing"}) {
 		t.Fatalf("granted %v", got)
 	}
 }

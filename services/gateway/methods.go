@@ -33,6 +33,7 @@ var methods = map[string]method{
 	protocol.MethodHealth:                    {roleAny, "", (*conn).handleHealth},
 	protocol.MethodNodeList:                  {roleOperator, protocol.ScopeRead, (*conn).handleNodeList},
 	protocol.MethodNodeDescribe:              {roleOperator, protocol.ScopeRead, (*conn).handleNodeDescribe},
+	protocol.MethodNodePairList:              {roleOperator, protocol.ScopePairing, (*conn).handleNodePairList},
 	protocol.MethodNodeInvoke:                {roleOperator, protocol.ScopeWrite, (*conn).handleNodeInvoke},
 	protocol.MethodNodeInvokeResult:          {roleNode, "", (*conn).handleNodeInvokeResult},
 	protocol.MethodNodeEvent:                 {roleNode, "", (*conn).handleNodeEventFromHost},
@@ -45,7 +46,7 @@ var methods = map[string]method{
 // methodNames and eventNames are advertised in hello-ok.features.
 var (
 	methodNames = []string{
-		protocol.MethodHealth, protocol.MethodNodeList, protocol.MethodNodeDescribe, protocol.MethodNodeInvoke,
+		protocol.MethodHealth, protocol.MethodNodeList, protocol.MethodNodeDescribe, protocol.MethodNodePairList, protocol.MethodNodeInvoke,
 		protocol.MethodNodeInvokeResult, protocol.MethodNodeEvent, protocol.MethodSkillsBins,
 		protocol.MethodNodeSkillsUpdate, protocol.MethodNodePluginToolsUpdate, protocol.MethodNodeRunnerInventoryUpdate,
 	}
@@ -130,6 +131,25 @@ func (c *conn) handleNodeList(req protocol.Request) {
 	}
 	b := append([]byte(`{"ts":`), strconv.FormatInt(time.Now().UnixMilli(), 10)...)
 	b = append(b, `,"nodes":[`...)
+	for i, n := range c.s.reg.List(c.principal.Tenant) {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = c.appendNode(b, n, true)
+	}
+	c.respond(req.ID, append(b, "]}"...))
+}
+
+// handleNodePairList answers node.pair.list, which the stock CLI's
+// `openclaw nodes list` calls first. xiaoclaw has no pairing step (the
+// tenant's credentials and policy admit nodes), so nothing is pending and
+// every node of the tenant is paired.
+func (c *conn) handleNodePairList(req protocol.Request) {
+	if err := protocol.DecodeParams(protocol.MethodNodePairList, req.Params, &struct{}{}); err != nil {
+		c.respondError(req.ID, err)
+		return
+	}
+	b := append([]byte(`{"pending":[],"paired":[`), nil...)
 	for i, n := range c.s.reg.List(c.principal.Tenant) {
 		if i > 0 {
 			b = append(b, ',')

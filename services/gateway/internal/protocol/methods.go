@@ -11,6 +11,7 @@ const (
 	MethodHealth                    = "health"
 	MethodNodeList                  = "node.list"
 	MethodNodeDescribe              = "node.describe"
+	MethodNodePairList              = "node.pair.list"
 	MethodNodeInvoke                = "node.invoke"
 	MethodNodeInvokeResult          = "node.invoke.result"
 	MethodNodeEvent                 = "node.event"
@@ -40,6 +41,8 @@ const (
 	ScopeAdmin = "operator.admin"
 	ScopeRead  = "operator.read"
 	ScopeWrite = "operator.write"
+	// ScopePairing is what the stock CLI asks for node.pair.*.
+	ScopePairing = "operator.pairing"
 )
 
 const (
