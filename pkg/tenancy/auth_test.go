@@ -559,13 +559,22 @@ func TestManagerRejectsBadInputWithoutChanges(t *testing.T) {
 	f.tenant(t, "acme")
 	before := version(t, f.store, "acme")
 	for name, call := range map[string]func() error{
-		"tenant id":      func() error { _, err := f.mgr.CreateTenant(ctx, tenancy.TenantSpec{ID: "Bad.Tenant"}); return err },
-		"default effect": func() error { _, err := f.mgr.CreateTenant(ctx, tenancy.TenantSpec{ID: "x", DefaultEffect: "maybe"}); return err },
-		"role":           func() error { _, _, err := f.mgr.IssueToken(ctx, "acme", tenancy.TokenSpec{Role: "root"}); return err },
-		"ttl":            func() error { _, _, err := f.mgr.IssueToken(ctx, "acme", tenancy.TokenSpec{Role: "admin", TTL: -time.Hour}); return err },
-		"name":           func() error { _, _, err := f.mgr.IssueToken(ctx, "acme", tenancy.TokenSpec{Role: "admin", Name: "a\nb"}); return err },
-		"group":          func() error { return f.mgr.SetGroup(ctx, "acme", "bad group", nil) },
-		"group node":     func() error { return f.mgr.SetGroup(ctx, "acme", "g", []string{"bad.node"}) },
+		"tenant id": func() error { _, err := f.mgr.CreateTenant(ctx, tenancy.TenantSpec{ID: "Bad.Tenant"}); return err },
+		"default effect": func() error {
+			_, err := f.mgr.CreateTenant(ctx, tenancy.TenantSpec{ID: "x", DefaultEffect: "maybe"})
+			return err
+		},
+		"role": func() error { _, _, err := f.mgr.IssueToken(ctx, "acme", tenancy.TokenSpec{Role: "root"}); return err },
+		"ttl": func() error {
+			_, _, err := f.mgr.IssueToken(ctx, "acme", tenancy.TokenSpec{Role: "admin", TTL: -time.Hour})
+			return err
+		},
+		"name": func() error {
+			_, _, err := f.mgr.IssueToken(ctx, "acme", tenancy.TokenSpec{Role: "admin", Name: "a\nb"})
+			return err
+		},
+		"group":      func() error { return f.mgr.SetGroup(ctx, "acme", "bad group", nil) },
+		"group node": func() error { return f.mgr.SetGroup(ctx, "acme", "g", []string{"bad.node"}) },
 		"rule effect": func() error {
 			_, err := f.mgr.AddRule(ctx, tenancy.Rule{Tenant: "acme", Effect: "permit", Subject: "*", Object: "*", Action: "*"})
 			return err

@@ -60,8 +60,8 @@ func FuzzParseDeviceToken(f *testing.F) {
 func FuzzParseMQTTCredentials(f *testing.F) {
 	f.Add(tenancy.FormatMQTTUsername("dk_aaaaaaaaaaaaaaaa"), tenancy.MQTTPassword("s", "GID_g@@@aa_bb@@@u", "x"), "GID_g@@@aa_bb@@@u")
 	f.Add("eyJpcCI6IjEuMi4zLjQifQ==", "", "GID_test@@@aa_bb_cc_dd_ee_ff@@@uuid") // {"ip":"1.2.3.4"}
-	f.Add("eyJraWQiOjF9", "AAAA", "@@@@@@")                                    // {"kid":1}
-	f.Add("bnVsbA==", "====", "a@@@b@@@c@@@d")                                 // null
+	f.Add("eyJraWQiOjF9", "AAAA", "@@@@@@")                                      // {"kid":1}
+	f.Add("bnVsbA==", "====", "a@@@b@@@c@@@d")                                   // null
 	f.Fuzz(func(t *testing.T, username, password, clientID string) {
 		kid, err := tenancy.ParseMQTTUsername(username)
 		if err == nil && kid != "" && !tenancy.ValidDeviceKeyID(kid) {

@@ -43,9 +43,9 @@ const (
 
 // Tenant is the isolation unit.
 type Tenant struct {
-	ID          string    `json:"id"`
-	DisplayName string    `json:"displayName,omitempty"`
-	Status      string    `json:"status"`
+	ID          string `json:"id"`
+	DisplayName string `json:"displayName,omitempty"`
+	Status      string `json:"status"`
 	// DefaultEffect decides a request no policy rule matches.
 	DefaultEffect string `json:"defaultEffect"`
 	// DeviceAllowlist, when true, admits only devices on the tenant's list.

@@ -349,7 +349,9 @@ func groupCommand(env func(string) string) *cobra.Command {
 	set := leaf("set NAME NODE...", "Create a group or replace its members", cobra.MinimumNArgs(2), func(cmd *cobra.Command, args []string) error {
 		var g adminapi.Group
 		return c.run(cmd, "PUT", "/api/tenants/"+seg(tenant)+"/groups/"+seg(args[0]), adminapi.Group{Nodes: args[1:]}, &g,
-			func(w io.Writer) error { return table(w, "GROUP\tNODES", [][]string{{g.Name, strings.Join(g.Nodes, " ")}}) })
+			func(w io.Writer) error {
+				return table(w, "GROUP\tNODES", [][]string{{g.Name, strings.Join(g.Nodes, " ")}})
+			})
 	})
 	requireTenant(set, &tenant)
 	var delTenant string
