@@ -10,7 +10,9 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"go.opentelemetry.io/otel/trace"
 
+	"github.com/xiaoclaw/xiaoclaw/pkg/telemetry"
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
 	"github.com/xiaoclaw/xiaoclaw/services/shim/internal/jsonobj"
 	"github.com/xiaoclaw/xiaoclaw/services/shim/internal/translate"
@@ -19,14 +21,15 @@ import (
 // onInvoke takes a node.invoke request off the subscription and runs it on
 // its own goroutine, so one slow device never holds up the others.
 func (s *Service) onInvoke(msg *nats.Msg) {
+	ctx, span := telemetry.StartNATSHandler(context.Background(), s.tracer, msg, telemetry.CallInfo{})
 	if len(msg.Data) > s.cfg.MaxRequestBytes {
-		s.respond(msg, nil, &wire.Fault{Code: wire.FaultTooLarge, Message: "node.invoke request exceeds " + strconv.Itoa(s.cfg.MaxRequestBytes) + " bytes"})
+		s.finish(msg, span, "", nil, &wire.Fault{Code: wire.FaultTooLarge, Message: "node.invoke request exceeds " + strconv.Itoa(s.cfg.MaxRequestBytes) + " bytes"})
 		return
 	}
 	select {
 	case s.sem <- struct{}{}:
 	default:
-		s.respond(msg, nil, &wire.Fault{Code: wire.FaultBusy, Message: "shim has too many invokes in flight"})
+		s.finish(msg, span, "", nil, &wire.Fault{Code: wire.FaultBusy, Message: "shim has too many invokes in flight"})
 		return
 	}
 	s.inflight.Add(1)
@@ -35,9 +38,21 @@ func (s *Service) onInvoke(msg *nats.Msg) {
 			<-s.sem
 			s.inflight.Done()
 		}()
-		payload, fault := s.invoke(msg)
-		s.respond(msg, payload, fault)
+		command, payload, fault := s.invoke(ctx, span, msg)
+		s.finish(msg, span, command, payload, fault)
 	}()
+}
+
+// finish answers the invoke, ends its span and counts it.
+func (s *Service) finish(msg *nats.Msg, span trace.Span, command string, payload json.RawMessage, fault *wire.Fault) {
+	s.respond(msg, payload, fault)
+	code := ""
+	var err error
+	if fault != nil {
+		code, err = fault.Code, fault
+	}
+	telemetry.EndSpan(span, code, err)
+	s.invokes.WithLabelValues(telemetry.LabelShim, telemetry.CommandLabel(command), telemetry.OutcomeOf(code)).Inc()
 }
 
 // deadline is the invoke's deadline: the caller's remaining time capped at
@@ -50,39 +65,45 @@ func (s *Service) deadline(h nats.Header) time.Time {
 }
 
 // invoke runs one node.invoke: decode, find the node, translate, one request
-// to the device's hub, map the answer.
-func (s *Service) invoke(msg *nats.Msg) (json.RawMessage, *wire.Fault) {
+// to the device's hub, map the answer. It returns the command ("" when the
+// request is unreadable) with the result. span is the invoke's handler span
+// and ctx carries it.
+func (s *Service) invoke(ctx context.Context, span trace.Span, msg *nats.Msg) (string, json.RawMessage, *wire.Fault) {
 	deadline := s.deadline(msg.Header)
 	tenant, req, fault := parseInvoke(msg.Subject, msg.Data)
 	if fault != nil {
-		return nil, fault
+		return "", nil, fault
+	}
+	if span.IsRecording() {
+		span.SetAttributes(telemetry.CallInfo{Node: req.NodeID, Command: req.Command}.Attributes(nil)...)
 	}
 	node, ok := s.reg.Lookup(tenant, req.NodeID)
 	if !ok {
-		ctx, cancel := context.WithDeadline(context.Background(), deadline)
-		n, found, err := s.reg.Fetch(ctx, tenant, req.NodeID)
+		fctx, cancel := context.WithDeadline(context.Background(), deadline)
+		n, found, err := s.reg.Fetch(fctx, tenant, req.NodeID)
 		cancel()
 		if err != nil {
-			return nil, &wire.Fault{Code: wire.FaultUnavailable, Message: "node registry unavailable"}
+			return req.Command, nil, &wire.Fault{Code: wire.FaultUnavailable, Message: "node registry unavailable"}
 		}
 		if !found {
-			return nil, &wire.Fault{Code: wire.FaultInvalidRequest, Message: "unknown nodeId"}
+			return req.Command, nil, &wire.Fault{Code: wire.FaultInvalidRequest, Message: "unknown nodeId"}
 		}
 		node = n
 	}
 	rec := &node.Record
 	if !slices.Contains(rec.Commands, req.Command) {
-		return nil, &wire.Fault{Code: wire.FaultInvalidRequest, Message: "command not declared by node: " + req.Command}
+		return req.Command, nil, &wire.Fault{Code: wire.FaultInvalidRequest, Message: "command not declared by node: " + req.Command}
 	}
 	call, fault := translate.Prepare(req.Command, req.Params, translate.Target{Catalog: node.Catalog, Board: rec.ModelIdentifier})
 	if fault != nil {
-		return nil, fault
+		return req.Command, nil, fault
 	}
 
 	out := &nats.Msg{Subject: wire.DeviceRPC(tenant, rec.Device), Header: make(nats.Header, 4), Data: call.Request}
 	out.Header[wire.HeaderTenant] = []string{tenant}
-	// Request id, principal and trace context travel on to the hub.
-	for _, k := range [...]string{wire.HeaderRequestID, wire.HeaderPrincipal, "traceparent", "tracestate"} {
+	// Request id and principal travel on to the hub; the trace context is
+	// the request span's (StartNATSRequest).
+	for _, k := range [...]string{wire.HeaderRequestID, wire.HeaderPrincipal} {
 		if v, ok := msg.Header[k]; ok {
 			out.Header[k] = v
 		}
@@ -90,9 +111,13 @@ func (s *Service) invoke(msg *nats.Msg) (json.RawMessage, *wire.Fault) {
 	wire.SetTimeout(out.Header, deadline)
 	wait := time.Until(deadline)
 	if wait <= 0 {
-		return nil, timeoutFault()
+		return req.Command, nil, timeoutFault()
 	}
+	_, rspan := telemetry.StartNATSRequest(ctx, s.tracer, out, telemetry.CallInfo{Tool: call.Tool})
+	start := time.Now()
 	reply, err := s.nc.RequestMsg(out, wait)
+	s.hopShimHub.Observe(time.Since(start).Seconds())
+	telemetry.EndNATSRequest(rspan, reply, err)
 	switch {
 	case err == nil:
 	case errors.Is(err, nats.ErrNoResponders):
@@ -104,18 +129,18 @@ func (s *Service) invoke(msg *nats.Msg) (json.RawMessage, *wire.Fault) {
 			defer cancel()
 			s.reg.MarkUnreachable(ctx, tenant, rec.NodeID, rec.Owner, rec.SessionID)
 		}()
-		return nil, &wire.Fault{Code: wire.FaultNotConnected, Message: "node not connected"}
+		return req.Command, nil, &wire.Fault{Code: wire.FaultNotConnected, Message: "node not connected"}
 	case errors.Is(err, nats.ErrTimeout), errors.Is(err, context.DeadlineExceeded):
-		return nil, timeoutFault()
+		return req.Command, nil, timeoutFault()
 	default:
-		s.log.Warn("device request failed", "tenant", tenant, "node", rec.NodeID, "err", err)
-		return nil, &wire.Fault{Code: wire.FaultUnavailable, Message: "could not reach the device's hub"}
+		s.log.WarnContext(ctx, "device request failed", "tenant", tenant, "node", rec.NodeID, "err", err)
+		return req.Command, nil, &wire.Fault{Code: wire.FaultUnavailable, Message: "could not reach the device's hub"}
 	}
 	payload, fault := call.Reply(reply.Header.Get(wire.HeaderFault), reply.Data)
-	if fault != nil && s.log.Enabled(context.Background(), slog.LevelDebug) {
-		s.log.Debug("invoke failed", "tenant", tenant, "node", rec.NodeID, "command", req.Command, "tool", call.Tool, "code", fault.Code, "message", fault.Message)
+	if fault != nil && s.log.Enabled(ctx, slog.LevelDebug) {
+		s.log.DebugContext(ctx, "invoke failed", "tenant", tenant, "node", rec.NodeID, "command", req.Command, "tool", call.Tool, "code", fault.Code, "message", fault.Message)
 	}
-	return payload, fault
+	return req.Command, payload, fault
 }
 
 // parseInvoke reads the tenant from a node.invoke subject and picks nodeId,

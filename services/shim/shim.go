@@ -19,7 +19,11 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 
+	"github.com/xiaoclaw/xiaoclaw/pkg/telemetry"
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
 	"github.com/xiaoclaw/xiaoclaw/services/shim/internal/catalog"
 	"github.com/xiaoclaw/xiaoclaw/services/shim/internal/nodes"
@@ -47,6 +51,13 @@ type Config struct {
 	// parallel (one device's events always go to the same worker, in order);
 	// default 8.
 	EventWorkers int
+
+	// TracerProvider traces invokes (telemetry.NewTracerProvider); nil
+	// means no tracing.
+	TracerProvider trace.TracerProvider
+	// Registerer receives the shim's metrics; nil keeps them in a private
+	// registry nobody scrapes.
+	Registerer prometheus.Registerer
 }
 
 func (c *Config) setDefaults() {
@@ -70,6 +81,12 @@ func (c *Config) setDefaults() {
 	}
 	if c.EventWorkers == 0 {
 		c.EventWorkers = 8
+	}
+	if c.TracerProvider == nil {
+		c.TracerProvider = noop.NewTracerProvider()
+	}
+	if c.Registerer == nil {
+		c.Registerer = prometheus.NewRegistry()
 	}
 }
 
@@ -104,6 +121,10 @@ type Service struct {
 
 	events     []chan nodes.Pending
 	eventsDone chan struct{} // closed when event workers must finish
+
+	tracer     trace.Tracer
+	invokes    *prometheus.CounterVec
+	hopShimHub prometheus.Observer
 }
 
 // New returns a replica; it does no I/O until Run.
@@ -127,6 +148,16 @@ func New(cfg Config, nc *nats.Conn, log *slog.Logger) (*Service, error) {
 		sem:        make(chan struct{}, cfg.MaxInFlight),
 		eventsDone: make(chan struct{}),
 	}
+	s.tracer = cfg.TracerProvider.Tracer(telemetry.ScopeName)
+	var err error
+	if s.invokes, err = telemetry.NewInvokes(cfg.Registerer); err != nil {
+		return nil, fmt.Errorf("shim: %w", err)
+	}
+	hops, err := telemetry.NewHopDuration(cfg.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("shim: %w", err)
+	}
+	s.hopShimHub = hops.WithLabelValues(telemetry.HopShimDevicehub)
 	s.events = make([]chan nodes.Pending, cfg.EventWorkers)
 	for i := range s.events {
 		s.events[i] = make(chan nodes.Pending, 1024)

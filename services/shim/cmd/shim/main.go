@@ -6,13 +6,10 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"strings"
@@ -20,7 +17,10 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"go.opentelemetry.io/otel"
+	"golang.org/x/sync/errgroup"
 
+	"github.com/xiaoclaw/xiaoclaw/pkg/telemetry"
 	"github.com/xiaoclaw/xiaoclaw/services/shim"
 )
 
@@ -51,7 +51,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	fs := flag.NewFlagSet("shim", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	natsURL := fs.String("nats-url", env("nats-url", nats.DefaultURL), "NATS server URL")
-	opsAddr := fs.String("ops-addr", env("ops-addr", ":9090"), "listen address of /healthz and /readyz")
+	opsAddr := fs.String("ops-addr", env("ops-addr", ":9090"), "listen address of /healthz, /readyz, /metrics and /debug/loglevel")
 	instance := fs.String("instance", env("instance", host), "replica name in logs and NATS")
 	logLevel := fs.String("log-level", env("log-level", "info"), "debug, info, warn or error")
 	logFormat := fs.String("log-format", env("log-format", "json"), "json or text")
@@ -59,9 +59,13 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	log, err := newLogger(stderr, *logLevel, *logFormat)
+	var level slog.LevelVar
+	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
+		return fmt.Errorf("--log-level: %w", err)
+	}
+	log, err := telemetry.NewLogger(stderr, *logFormat, &level)
 	if err != nil {
-		return err
+		return fmt.Errorf("--log-format: %w", err)
 	}
 	timeout, err := time.ParseDuration(*defTimeout)
 	if err != nil {
@@ -71,6 +75,23 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
+
+	tp, err := telemetry.NewTracerProvider(ctx, telemetry.ServiceShim, telemetry.Config{
+		Env: os.Getenv, Instance: *instance, Version: version, ConsoleWriter: os.Stdout,
+	})
+	if err != nil {
+		return err
+	}
+	// Flushes the spans still queued, after everything else has stopped.
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := tp.Shutdown(sctx); err != nil {
+			log.Warn("tracer shutdown", "err", err)
+		}
+	}()
+	otel.SetErrorHandler(telemetry.ErrorHandler(log, time.Minute))
+	log.Info("tracing", "config", tp.String())
 
 	nc, err := nats.Connect(*natsURL,
 		nats.Name("shim "+*instance),
@@ -83,68 +104,36 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	defer nc.Close()
 
+	reg := telemetry.NewRegistry()
+	if err := telemetry.RegisterNATSConnected(reg, telemetry.LabelShim, nc); err != nil {
+		return err
+	}
+	cfg.TracerProvider, cfg.Registerer = tp, reg
 	svc, err := shim.New(cfg, nc, log)
 	if err != nil {
 		return err
 	}
-
-	ln, err := net.Listen("tcp", *opsAddr)
+	ops, err := telemetry.NewOpsServer(telemetry.OpsConfig{
+		Addr: *opsAddr, Gatherer: reg, LogLevel: &level,
+		Checks: []telemetry.Check{telemetry.NATSCheck(nc), telemetry.ChannelCheck("shim", svc.Ready())},
+	}, log)
 	if err != nil {
-		return fmt.Errorf("ops listener: %w", err)
+		return err
 	}
-	ops := &http.Server{Handler: opsHandler(nc, svc), ReadHeaderTimeout: 5 * time.Second}
-	go func() {
-		if err := ops.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			log.Error("ops server", "err", err)
-		}
-	}()
-	log.Info("shim starting", "version", version, "nats", nc.ConnectedUrlRedacted(), "ops", ln.Addr().String())
 
-	runErr := svc.Run(ctx)
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return ops.Run(gctx) })
+	select {
+	case <-ops.Ready():
+	case <-gctx.Done():
+		return g.Wait()
+	}
+	log.Info("shim starting", "version", version, "nats", nc.ConnectedUrlRedacted(), "ops", ops.Addr())
+	g.Go(func() error { return svc.Run(gctx) })
+	runErr := g.Wait()
 
-	shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	_ = ops.Shutdown(shutdownCtx)
 	if err := nc.Drain(); err != nil {
 		log.Warn("NATS drain", "err", err)
 	}
 	return runErr
-}
-
-// opsHandler serves /healthz (the process runs) and /readyz (the replica is
-// serving and NATS is connected).
-func opsHandler(nc *nats.Conn, svc *shim.Service) http.Handler {
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
-		_, _ = io.WriteString(w, "ok\n")
-	})
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
-		select {
-		case <-svc.Ready():
-		default:
-			http.Error(w, "starting", http.StatusServiceUnavailable)
-			return
-		}
-		if !nc.IsConnected() {
-			http.Error(w, "NATS disconnected", http.StatusServiceUnavailable)
-			return
-		}
-		_, _ = io.WriteString(w, "ok\n")
-	})
-	return mux
-}
-
-func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
-	var l slog.Level
-	if err := l.UnmarshalText([]byte(level)); err != nil {
-		return nil, fmt.Errorf("--log-level: %w", err)
-	}
-	opts := &slog.HandlerOptions{Level: l}
-	switch format {
-	case "json":
-		return slog.New(slog.NewJSONHandler(w, opts)), nil
-	case "text":
-		return slog.New(slog.NewTextHandler(w, opts)), nil
-	}
-	return nil, fmt.Errorf("--log-format must be json or text, not %q", format)
 }

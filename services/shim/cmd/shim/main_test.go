@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -42,11 +44,12 @@ func (w *lineWriter) Write(p []byte) (int, error) {
 }
 
 func TestRunServesOpsAndStops(t *testing.T) {
-	srv, err := natsembed.Start(natsembed.Config{StoreDir: t.TempDir()})
+	store := t.TempDir()
+	srv, err := natsembed.Start(natsembed.Config{StoreDir: store})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer srv.Shutdown()
+	defer func() { srv.Shutdown() }()
 	t.Setenv("XIAOCLAW_INSTANCE", "from-env")
 	logs := &lineWriter{lines: make(chan string, 100)}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -82,16 +85,33 @@ func TestRunServesOpsAndStops(t *testing.T) {
 		}
 	}
 	for _, path := range []string{"/healthz", "/readyz"} {
-		resp, err := http.Get("http://" + ops + path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		body, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			t.Errorf("%s = %d %s", path, resp.StatusCode, body)
+		if code, body := get(t, "http://"+ops+path); code != http.StatusOK {
+			t.Errorf("%s = %d %s", path, code, body)
 		}
 	}
+	if _, body := get(t, "http://"+ops+"/metrics"); !strings.Contains(body, `xiaoclaw_nats_connected{service="shim"} 1`) ||
+		!strings.Contains(body, "go_goroutines") {
+		t.Errorf("/metrics lacks the NATS gauge or the Go collector:\n%s", body)
+	}
+
+	// NATS goes away: /readyz fails naming the nats check; it comes back
+	// on the same port: /readyz passes again once the client reconnected.
+	u, err := url.Parse(srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	port, _ := strconv.Atoi(u.Port())
+	srv.Shutdown()
+	waitReady(t, ops, http.StatusServiceUnavailable, `"failing":["nats"]`)
+	if _, body := get(t, "http://"+ops+"/metrics"); !strings.Contains(body, `xiaoclaw_nats_connected{service="shim"} 0`) {
+		t.Errorf("/metrics while NATS is away lacks the gauge at 0")
+	}
+	srv, err = natsembed.Start(natsembed.Config{StoreDir: store, Port: port})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	waitReady(t, ops, http.StatusOK, `"status":"ready"`)
 	cancel()
 	select {
 	case err := <-done:
@@ -100,6 +120,33 @@ func TestRunServesOpsAndStops(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("run did not return after cancel")
+	}
+}
+
+func get(t *testing.T, target string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(body)
+}
+
+// waitReady polls /readyz until it answers code with a body containing want.
+func waitReady(t *testing.T, ops string, code int, want string) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		c, body := get(t, "http://"+ops+"/readyz")
+		if c == code && strings.Contains(body, want) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/readyz = %d %s; want %d with %s", c, body, code, want)
+		}
+		time.Sleep(20 * time.Millisecond) // polling an HTTP endpoint for a condition
 	}
 }
 
