@@ -66,8 +66,8 @@ Ctrl-C (SIGINT) or SIGTERM shuts down gracefully.`,
 	fl.StringVar(&f.dataDir, "data-dir", defaultDataDir(env), "state directory (JetStream store, generated credentials)")
 	fl.StringVar(&f.deviceToken, "device-token", env("XIAOCLAW_DEVICE_TOKEN"), "the dev tenant's device token (generated when empty)")
 	fl.StringVar(&f.operatorToken, "operator-token", env("XIAOCLAW_OPERATOR_TOKEN"), "the dev tenant's operator token (generated when empty)")
-	fl.StringVar(&f.adminToken, "admin-token", env("XIAOCLAW_ADMIN_TOKEN"), "admin API token (generated when empty; the admin API is not available yet)")
-	fl.StringVar(&f.databaseURL, "database-url", env("XIAOCLAW_DATABASE_URL"), "Postgres URL (not used yet; accepted and ignored)")
+	fl.StringVar(&f.adminToken, "admin-token", env("XIAOCLAW_ADMIN_TOKEN"), "global admin token of the admin API (generated when empty)")
+	fl.StringVar(&f.databaseURL, "database-url", env("XIAOCLAW_DATABASE_URL"), "Postgres URL for tenants, credentials and policies (default: SQLite in --data-dir)")
 	fl.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fl.StringVar(&f.logFormat, "log-format", "text", "text or json")
 	return cmd
@@ -146,7 +146,7 @@ func runDev(ctx context.Context, f *devFlags, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	for flag, v := range map[string]string{"--mqtt-addr": f.mqttAddr, "--database-url": f.databaseURL} {
+	for flag, v := range map[string]string{"--mqtt-addr": f.mqttAddr} {
 		if v != "" {
 			log.Warn("flag accepted but not used by this version", "flag", flag)
 		}
@@ -161,6 +161,8 @@ func runDev(ctx context.Context, f *devFlags, stdout io.Writer) error {
 		GatewayAddr:   f.gatewayAddr,
 		DeviceToken:   creds.DeviceToken,
 		OperatorToken: creds.OperatorToken,
+		AdminToken:    creds.AdminToken,
+		DatabaseURL:   f.databaseURL,
 		Log:           log,
 	})
 	if err != nil {
@@ -181,9 +183,11 @@ func printBanner(w io.Writer, st *devstack.Stack, c devCredentials, dataDir stri
 	fmt.Fprintf(&b, "             operator token: %s\n", c.OperatorToken)
 	fmt.Fprintf(&b, "  devices    %s\n", st.DeviceURL(0))
 	fmt.Fprintf(&b, "             device token:   %s\n", c.DeviceToken)
+	fmt.Fprintf(&b, "  admin API  http://%s/api/   admin token: %s\n", st.Gateways[0].Addr(), c.AdminToken)
 	fmt.Fprintf(&b, "  nats       %s\n\n", st.NATSURL())
 	fmt.Fprintf(&b, "Try, in another terminal:\n")
 	fmt.Fprintf(&b, "  xiaoclaw sim --url %s --token %s --count 3\n", st.DeviceURL(0), c.DeviceToken)
-	fmt.Fprintf(&b, "  XIAOCLAW_URL=%s XIAOCLAW_TOKEN=%s xiaoclaw nodes\n\n", st.GatewayURL(0), c.OperatorToken)
+	fmt.Fprintf(&b, "  XIAOCLAW_URL=%s XIAOCLAW_TOKEN=%s xiaoclaw nodes\n", st.GatewayURL(0), c.OperatorToken)
+	fmt.Fprintf(&b, "  XIAOCLAW_SERVER=http://%s XIAOCLAW_TOKEN=%s xiaoclaw policy list --tenant %s\n\n", st.Gateways[0].Addr(), c.AdminToken, devstack.DevTenant)
 	fmt.Fprint(w, b.String())
 }

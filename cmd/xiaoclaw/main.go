@@ -10,6 +10,8 @@ import (
 	"os"
 
 	"github.com/spf13/cobra"
+
+	"github.com/xiaoclaw/xiaoclaw/cmd/xiaoclaw/internal/admincmd"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -46,5 +48,6 @@ func newRoot(env func(string) string, stdout io.Writer) *cobra.Command {
 	}
 	root.AddCommand(operatorCommands(env, stdout)...)
 	root.AddCommand(loadCommand(env, stdout), devCommand(env, stdout), simCommand(env, stdout))
+	root.AddCommand(admincmd.CommandsWithEnv(env)...)
 	return root
 }

@@ -17,9 +17,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/xiaoclaw/xiaoclaw/pkg/access"
-	"github.com/xiaoclaw/xiaoclaw/pkg/deviceauth"
 	"github.com/xiaoclaw/xiaoclaw/pkg/natsembed"
+	"github.com/xiaoclaw/xiaoclaw/pkg/tenancy"
 	"github.com/xiaoclaw/xiaoclaw/services/devicehub"
 	"github.com/xiaoclaw/xiaoclaw/services/gateway"
 	"github.com/xiaoclaw/xiaoclaw/services/shim"
@@ -42,9 +41,14 @@ type Config struct {
 	DeviceAddr  string // first hub; further hubs get random ports
 	GatewayAddr string // first gateway; further gateways get random ports
 
-	// DeviceToken and OperatorToken are the dev tenant's credentials.
+	// DeviceToken and OperatorToken are the dev tenant's static credentials;
+	// AdminToken, when set, is the admin API's global admin token.
 	DeviceToken   string
 	OperatorToken string
+	AdminToken    string
+	// DatabaseURL selects Postgres for tenants, credentials and policies;
+	// empty keeps them in SQLite in DataDir.
+	DatabaseURL string
 
 	Hubs, Shims, Gateways int // replicas; default 1 each
 
@@ -84,6 +88,10 @@ type Stack struct {
 	Hubs     []*devicehub.Service
 	Shims    []*shim.Service
 	Gateways []*gateway.Service
+	// Tenancy is the tenants, credentials and policy store shared by all
+	// replicas (each would open its own in production).
+	Tenancy *Tenancy
+	tenNC   *nats.Conn
 	// Components in start order; Close stops them in reverse.
 	Components []*Component
 	mu         sync.Mutex
@@ -130,6 +138,20 @@ func Start(ctx context.Context, cfg Config) (*Stack, error) {
 			return nil, err
 		}
 		s.nats, s.natsURL = ns, ns.ClientURL()
+	}
+	if cfg.DataDir == "" && cfg.DatabaseURL == "" {
+		s.Close()
+		return nil, errors.New("devstack: DataDir or DatabaseURL is required for the tenancy store")
+	}
+	tnc, err := s.connect("tenancy")
+	if err != nil {
+		s.Close()
+		return nil, err
+	}
+	s.tenNC = tnc
+	if s.Tenancy, err = openTenancy(ctx, cfg, tnc, cfg.Log); err != nil {
+		s.Close()
+		return nil, err
 	}
 	// Shims first so they see the hubs' first online events; gateways last.
 	for i := range cfg.Shims {
@@ -211,7 +233,7 @@ func (s *Stack) AddHub(name, addr string) (*Component, error) {
 	cfg := devicehub.Config{
 		Instance:   name,
 		DeviceAddr: addr,
-		Auth:       deviceauth.StaticTokens{s.cfg.DeviceToken: DevTenant},
+		Auth:       s.Tenancy.DeviceAuth,
 	}
 	if s.cfg.TuneHub != nil {
 		s.cfg.TuneHub(&cfg)
@@ -265,9 +287,9 @@ func (s *Stack) AddGateway(name, addr string) (*Component, error) {
 	cfg := gateway.Config{
 		Addr:     addr,
 		Instance: name,
-		Auth: access.StaticTokens{s.cfg.OperatorToken: {
-			Tenant: DevTenant, ID: "dev-operator", Name: "dev operator", Role: access.RoleAdmin,
-		}},
+		Auth:       s.Tenancy.OperatorAuth,
+		Authorizer: s.Tenancy.Policy,
+		AdminAPI:   s.Tenancy.AdminAPI,
 	}
 	if s.cfg.TuneGateway != nil {
 		s.cfg.TuneGateway(&cfg)
@@ -277,7 +299,7 @@ func (s *Stack) AddGateway(name, addr string) (*Component, error) {
 		nc.Close()
 		return nil, err
 	}
-	c, err := s.start(name, nc, svc)
+	c, err := s.start(name, nc, gatewayWithWatcher{svc, s.Tenancy.watcher(nc, s.cfg.Log, svc)})
 	if err != nil {
 		return nil, err
 	}
@@ -320,7 +342,34 @@ func (s *Stack) Close() {
 			_ = comps[i].Stop()
 		}
 	}
+	if s.Tenancy != nil {
+		s.Tenancy.Store.Close()
+	}
+	if s.tenNC != nil {
+		s.tenNC.Close()
+	}
 	if s.nats != nil {
 		s.nats.Shutdown()
 	}
+}
+
+// gatewayWithWatcher runs a gateway with its tenancy change watcher, as a
+// gateway process does: revocations and policy changes reach it within a
+// second.
+type gatewayWithWatcher struct {
+	*gateway.Service
+	w *tenancy.Watcher
+}
+
+func (g gatewayWithWatcher) Run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	werr := make(chan error, 1)
+	go func() { werr <- g.w.Run(ctx) }()
+	err := g.Service.Run(ctx)
+	cancel()
+	if e := <-werr; err == nil && e != nil && !errors.Is(e, context.Canceled) {
+		err = e
+	}
+	return err
 }

@@ -1,0 +1,100 @@
+package devstack
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"path/filepath"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/xiaoclaw/xiaoclaw/pkg/access"
+	"github.com/xiaoclaw/xiaoclaw/pkg/deviceauth"
+	"github.com/xiaoclaw/xiaoclaw/pkg/policy"
+	"github.com/xiaoclaw/xiaoclaw/pkg/tenancy"
+	"github.com/xiaoclaw/xiaoclaw/services/gateway/adminapi"
+)
+
+// Tenancy is the tenants, credentials and policy store with everything
+// built on it: the operator and device authenticators (the dev tenant's
+// static tokens first, then the store), the policy engine and the admin API.
+type Tenancy struct {
+	Store    *tenancy.SQLStore
+	Manager  *tenancy.Manager
+	Operator *tenancy.OperatorAuth
+	Devices  *tenancy.DeviceAuth
+	Policy   *policy.Engine
+
+	OperatorAuth access.Authenticator     // static dev token, then the store
+	DeviceAuth   deviceauth.Authenticator // static dev token, then the store
+	AdminAPI     http.Handler
+}
+
+// openTenancy opens the store (Postgres when databaseURL is set, else SQLite
+// in dataDir), migrates it, seeds the dev tenant and builds the rest.
+func openTenancy(ctx context.Context, cfg Config, nc *nats.Conn, log *slog.Logger) (*Tenancy, error) {
+	var (
+		store *tenancy.SQLStore
+		err   error
+	)
+	if cfg.DatabaseURL != "" {
+		store, err = tenancy.OpenPostgres(ctx, cfg.DatabaseURL)
+	} else {
+		store, err = tenancy.OpenSQLite(ctx, filepath.Join(cfg.DataDir, "xiaoclaw.db"))
+	}
+	if err != nil {
+		return nil, fmt.Errorf("tenancy store: %w", err)
+	}
+	fail := func(err error) (*Tenancy, error) {
+		store.Close()
+		return nil, err
+	}
+	if err := store.Migrate(ctx); err != nil {
+		return fail(fmt.Errorf("migrate: %w", err))
+	}
+	t := &Tenancy{Store: store}
+	t.Manager, err = tenancy.NewManager(tenancy.ManagerConfig{Store: store, CheckRule: policy.CheckRule,
+		Notify: tenancy.NATSNotifier(nc), Log: log})
+	if err != nil {
+		return fail(err)
+	}
+	if _, err := t.Manager.CreateTenant(ctx, tenancy.TenantSpec{ID: DevTenant, DisplayName: "development"}); err != nil &&
+		!errors.Is(err, tenancy.ErrConflict) {
+		return fail(fmt.Errorf("seed tenant %q: %w", DevTenant, err))
+	}
+	t.Operator = tenancy.NewOperatorAuth(store, tenancy.CacheConfig{}, log)
+	if t.Devices, err = tenancy.NewDeviceAuth(store, tenancy.DeviceAuthConfig{}, log); err != nil {
+		return fail(err)
+	}
+	if t.Policy, err = policy.New(policy.Config{Store: store, Log: log}); err != nil {
+		return fail(err)
+	}
+	t.OperatorAuth = tenancy.OperatorChain{access.StaticTokens{cfg.OperatorToken: devOperator}, t.Operator}
+	t.DeviceAuth = tenancy.DeviceChain{deviceauth.StaticTokens{cfg.DeviceToken: DevTenant}, t.Devices}
+	var admins []string
+	if cfg.AdminToken != "" {
+		admins = []string{cfg.AdminToken}
+	}
+	if t.AdminAPI, err = adminapi.New(adminapi.Config{Manager: t.Manager, Operators: t.OperatorAuth, Policy: t.Policy,
+		AdminTokens: admins, Log: log}); err != nil {
+		return fail(err)
+	}
+	return t, nil
+}
+
+// devOperator is the principal of the dev tenant's static operator token:
+// an admin of the tenant, which may do everything until a deny rule says
+// otherwise.
+var devOperator = access.Principal{Tenant: DevTenant, ID: "dev-operator", Name: "dev operator", Role: access.RoleAdmin}
+
+// watcher returns a change watcher that refreshes the shared caches and
+// then calls recheck (a gateway's re-check of live connections).
+func (t *Tenancy) watcher(nc *nats.Conn, log *slog.Logger, recheck tenancy.ChangeHandler) *tenancy.Watcher {
+	handlers := []tenancy.ChangeHandler{t.Operator, t.Devices, t.Policy}
+	if recheck != nil {
+		handlers = append(handlers, recheck)
+	}
+	return tenancy.NewWatcher(nc, tenancy.WatcherConfig{Store: t.Store}, log, handlers...)
+}
