@@ -285,8 +285,8 @@ func (s *Stack) AddGateway(name, addr string) (*Component, error) {
 		return nil, err
 	}
 	cfg := gateway.Config{
-		Addr:     addr,
-		Instance: name,
+		Addr:       addr,
+		Instance:   name,
 		Auth:       s.Tenancy.OperatorAuth,
 		Authorizer: s.Tenancy.Policy,
 		AdminAPI:   s.Tenancy.AdminAPI,
