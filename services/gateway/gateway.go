@@ -128,7 +128,7 @@ func (c *Config) setDefaults() {
 func (c Config) Validate() error {
 	var errs []error
 	if c.Auth == nil {
-		errs = append(errs, errors.New("Auth is required"))
+		errs = append(errs, errors.New("gateway: an operator authenticator (Config.Auth) is required"))
 	}
 	for _, d := range []struct {
 		name string
