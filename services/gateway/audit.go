@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"encoding/json"
 	"time"
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/access"
@@ -26,6 +27,9 @@ type InvokeAudit struct {
 	NodeKind  string // wire.NodeKindXiaoZhi or wire.NodeKindOpenClaw, "" if unknown
 	Command   string
 	Tool      string // MCP tool name of mcp.tools.call, else ""
+	// Args are the tool arguments of mcp.tools.call, else the command's
+	// params, as the operator sent them (the Auditor redacts them).
+	Args json.RawMessage
 	// Decision is the Authorizer's answer; zero when the call was refused
 	// before the Authorizer was asked.
 	Decision       access.Decision
@@ -38,13 +42,15 @@ type InvokeAudit struct {
 
 // Auditor is told about every node.invoke once, just before the operator
 // gets the answer. It runs on the invoke path: keep it fast (enqueue, do not
-// write to a database inline).
+// write to a database inline). An error means the call could not be
+// recorded: the gateway then answers UNAVAILABLE "audit unavailable: …"
+// instead of the result (fail closed).
 type Auditor interface {
-	AuditInvoke(ctx context.Context, a InvokeAudit)
+	AuditInvoke(ctx context.Context, a InvokeAudit) error
 }
 
 // NopAuditor discards audit records.
 type NopAuditor struct{}
 
 // AuditInvoke does nothing.
-func (NopAuditor) AuditInvoke(context.Context, InvokeAudit) {}
+func (NopAuditor) AuditInvoke(context.Context, InvokeAudit) error { return nil }

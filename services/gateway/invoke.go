@@ -68,6 +68,10 @@ func (c *conn) handleNodeInvoke(req protocol.Request) {
 			call.audit.Tool = tc.Name
 		}
 	}
+	call.audit.Args = inv.Params
+	if areq.Tool != "" {
+		call.audit.Args = areq.Args
+	}
 	dec := s.cfg.Authorizer.Authorize(c.ctx, areq)
 	call.audit.Decision = dec
 	if !dec.Allowed {
@@ -230,7 +234,11 @@ func (call *invokeCall) reject(e *protocol.Error, outcome string) {
 func (call *invokeCall) answer(frame []byte, outcome, code string) {
 	call.audit.Outcome, call.audit.ErrorCode = outcome, code
 	call.audit.Latency = time.Since(call.audit.Time)
-	call.c.s.cfg.Auditor.AuditInvoke(call.c.ctx, call.audit)
+	if err := call.c.s.cfg.Auditor.AuditInvoke(call.c.ctx, call.audit); err != nil {
+		// Fail closed: no answer the audit trail does not hold.
+		call.c.s.log.Warn("node.invoke not audited", "request", call.reqID, "err", err)
+		frame = protocol.AppendErrorResponse(nil, call.reqID, protocol.Unavailable("audit unavailable: "+err.Error(), true))
+	}
 	call.c.send(frame)
 }
 

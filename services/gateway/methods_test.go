@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/ed25519"
 	"encoding/json"
+	"errors"
 	"slices"
 	"strings"
 	"sync"
@@ -175,13 +176,21 @@ func TestNodeListAndDescribeShowOnlyTheTenantsNodes(t *testing.T) {
 
 // recorder is a test Auditor.
 type recorder struct {
-	mu  sync.Mutex
-	all []gateway.InvokeAudit
+	mu   sync.Mutex
+	all  []gateway.InvokeAudit
+	fail error // returned by AuditInvoke when set
 }
 
-func (r *recorder) AuditInvoke(_ context.Context, a gateway.InvokeAudit) {
+func (r *recorder) AuditInvoke(_ context.Context, a gateway.InvokeAudit) error {
 	r.mu.Lock()
+	defer r.mu.Unlock()
 	r.all = append(r.all, a)
+	return r.fail
+}
+
+func (r *recorder) failWith(err error) {
+	r.mu.Lock()
+	r.fail = err
 	r.mu.Unlock()
 }
 
@@ -256,7 +265,8 @@ func TestInvokeOutcomes(t *testing.T) {
 		if !ok || string(r.Args) != `{"volume":30}` || r.Command != "mcp.tools.call" || r.Principal.ID != "tok_op" {
 			t.Fatalf("authorizer saw %+v", r)
 		}
-		if a := audit.last(); a.Outcome != gateway.OutcomeOK || a.Tool != "self.audio_speaker.set_volume" || a.NodeKind != "xiaozhi" || !a.Decision.Allowed {
+		if a := audit.last(); a.Outcome != gateway.OutcomeOK || a.Tool != "self.audio_speaker.set_volume" || a.NodeKind != "xiaozhi" ||
+			!a.Decision.Allowed || string(a.Args) != `{"volume":30}` {
 			t.Fatalf("audit %+v", a)
 		}
 	})
@@ -330,6 +340,17 @@ func TestInvokeOutcomes(t *testing.T) {
 		fe = failure(t, inv(node, "system.execApprovals.get", nil))
 		if fe.Message != "node.invoke does not allow system.execApprovals.*; use exec.approvals.node.*" {
 			t.Fatalf("got %+v", fe)
+		}
+	})
+	sub("an unaudited call fails closed", func(t *testing.T) {
+		audit.failWith(errors.New("stream full"))
+		defer audit.failWith(nil)
+		fe := failure(t, inv(node, "mcp.tools.call", map[string]any{"name": "self.audio_speaker.set_volume", "arguments": map[string]any{"volume": 5}}))
+		if fe.Code != "UNAVAILABLE" || fe.Message != "audit unavailable: stream full" {
+			t.Fatalf("got %s %q", fe.Code, fe.Message)
+		}
+		if a := audit.last(); a.Outcome != gateway.OutcomeOK {
+			t.Fatalf("audit %+v", a)
 		}
 	})
 }
