@@ -611,8 +611,16 @@ func (d *Device) Drop() {
 	case c.ws != nil:
 		c.ws.CloseNow()
 	}
+	if c.mq != nil {
+		// paho takes a socket closed under it for its own Disconnect and
+		// reports nothing: stop it (the DISCONNECT cannot go out any more).
+		c.mq.Disconnect(0)
+		c.finish(errDropped)
+	}
 	<-c.done
 }
+
+var errDropped = errors.New("xzsim: connection dropped")
 
 // Notify sends an MCP notification (a JSON-RPC message without id).
 func (d *Device) Notify(ctx context.Context, method string, params json.RawMessage) error {

@@ -228,6 +228,9 @@ func (d *Device) OpenAudio(ctx context.Context) (UDPHello, error) {
 		return UDPHello{}, errors.New("xzsim: OpenAudio is for MQTT devices")
 	}
 	d.closeAudio(false)
+	d.mu.Lock()
+	byesBefore := d.goodbyes
+	d.mu.Unlock()
 	c.sessionID.Store(new(string)) // the firmware clears its session id first
 	ch := c.expectHello()
 	features := map[string]bool{"aec": false}
@@ -261,8 +264,14 @@ func (d *Device) OpenAudio(ctx context.Context) (UDPHello, error) {
 	binary.BigEndian.PutUint32(pkt[12:], 1)
 	_, _ = udp.Write(pkt)
 	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.goodbyes > byesBefore {
+		// The server's goodbye overtook the opening: the firmware, too,
+		// runs the close after the open on its main loop.
+		udp.Close()
+		return h, nil
+	}
 	d.audio = &audioChannel{hello: h, udp: udp}
-	d.mu.Unlock()
 	return h, nil
 }
 

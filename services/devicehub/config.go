@@ -8,6 +8,10 @@ import (
 	"slices"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
+
 	"github.com/xiaoclaw/xiaoclaw/pkg/deviceauth"
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
 )
@@ -118,6 +122,13 @@ type Config struct {
 	// OTA, when OTA.Credentials is set, serves the firmware's OTA and
 	// activation endpoints on the device port (see OTAConfig).
 	OTA OTAConfig
+
+	// TracerProvider traces device calls (telemetry.NewTracerProvider);
+	// nil means no tracing.
+	TracerProvider trace.TracerProvider
+	// Registerer receives the hub's metrics; nil keeps them in a private
+	// registry nobody scrapes.
+	Registerer prometheus.Registerer
 }
 
 func (c *Config) setDefaults() {
@@ -144,6 +155,12 @@ func (c *Config) setDefaults() {
 		}
 	}
 	c.OTA.setDefaults()
+	if c.TracerProvider == nil {
+		c.TracerProvider = noop.NewTracerProvider()
+	}
+	if c.Registerer == nil {
+		c.Registerer = prometheus.NewRegistry()
+	}
 }
 
 func setDefault[T comparable](p *T, def T) {

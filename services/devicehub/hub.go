@@ -1,6 +1,7 @@
 package devicehub
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/binary"
@@ -14,7 +15,10 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
+	"github.com/xiaoclaw/xiaoclaw/pkg/telemetry"
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
 	"github.com/xiaoclaw/xiaoclaw/services/devicehub/internal/xzproto"
 )
@@ -44,6 +48,12 @@ type hub struct {
 	conns sync.WaitGroup
 
 	lastSessionNanos atomic.Int64
+
+	// Telemetry, set by instrument.
+	tracer           trace.Tracer
+	invokes          *prometheus.CounterVec
+	hopDevice        prometheus.Observer
+	devicesConnected *prometheus.GaugeVec
 }
 
 type deviceEntry struct {
@@ -54,6 +64,22 @@ type deviceEntry struct {
 
 func newHub(cfg *Config, nc *nats.Conn, log *slog.Logger) *hub {
 	return &hub{cfg: cfg, nc: nc, log: log, msgs: make(chan *nats.Msg, 8192), devices: make(map[deviceKey]*deviceEntry)}
+}
+
+// instrument takes the tracer and declares the hub's metrics.
+func (h *hub) instrument() error {
+	h.tracer = h.cfg.TracerProvider.Tracer(telemetry.ScopeName)
+	var err error
+	if h.invokes, err = telemetry.NewInvokes(h.cfg.Registerer); err != nil {
+		return err
+	}
+	hops, err := telemetry.NewHopDuration(h.cfg.Registerer)
+	if err != nil {
+		return err
+	}
+	h.hopDevice = hops.WithLabelValues(telemetry.HopDevicehubDevice)
+	h.devicesConnected, err = telemetry.NewDevicesConnected(h.cfg.Registerer)
+	return err
 }
 
 var errStopping = errors.New("devicehub is shutting down")
@@ -114,6 +140,8 @@ func (h *hub) attach(s *session) error {
 	old := e.sess
 	e.sess = s
 	h.mu.Unlock()
+	h.devicesConnected.WithLabelValues(s.key.tenant, s.transport).Inc()
+	s.counted.Store(true)
 	if old != nil {
 		old.end(causeReplaced, "replaced by a newer session", &wire.Fault{
 			Code: wire.FaultDisconnected, Message: "the device opened a new session; this one was closed",
@@ -243,32 +271,82 @@ func (h *hub) serveRPC(s *session, m *nats.Msg) {
 	if m.Reply == "" {
 		return // nobody to answer: a request without reply subject is not run
 	}
-	ctx, cancel := context.WithDeadline(context.Background(), wire.Deadline(m.Header, h.cfg.CallTimeout))
+	ctx, span := telemetry.StartNATSHandler(context.Background(), h.tracer, m, telemetry.CallInfo{})
+	ctx, cancel := context.WithDeadline(ctx, wire.Deadline(m.Header, h.cfg.CallTimeout))
 	defer cancel()
-	raw, err := h.call(ctx, s, m.Data)
+	method, raw, err := h.call(ctx, s, m.Data)
+	if err == nil {
+		if max := h.nc.MaxPayload(); int64(len(raw)) > max-1024 {
+			err = &wire.Fault{Code: wire.FaultTooLarge, Message: fmt.Sprintf("device response of %d bytes exceeds the bus limit", len(raw))}
+		}
+	}
+	code := ""
 	if err != nil {
-		h.respondFault(m, asFault(err))
-		return
+		f := asFault(err)
+		code = f.Code
+		h.respondFault(m, f)
+	} else if err := m.RespondMsg(&nats.Msg{Data: raw}); err != nil {
+		h.log.WarnContext(ctx, "devicehub: reply not sent", append(s.logAttrs(), "err", err)...)
 	}
-	if max := h.nc.MaxPayload(); int64(len(raw)) > max-1024 {
-		h.respondFault(m, &wire.Fault{Code: wire.FaultTooLarge, Message: fmt.Sprintf("device response of %d bytes exceeds the bus limit", len(raw))})
-		return
-	}
-	if err := m.RespondMsg(&nats.Msg{Data: raw}); err != nil {
-		h.log.Warn("devicehub: reply not sent", append(s.logAttrs(), "err", err)...)
-	}
+	telemetry.EndSpan(span, code, err)
+	h.invokes.WithLabelValues(telemetry.LabelDevicehub, telemetry.CommandLabel(telemetry.MCPCommand(method)), telemetry.OutcomeOf(code)).Inc()
 }
 
-// call runs one caller request (a JSON-RPC request body) on s until ctx ends.
-func (h *hub) call(ctx context.Context, s *session, body []byte) (json.RawMessage, error) {
+// call runs one caller request (a JSON-RPC request body) on s until ctx
+// ends and returns the request's method ("" when unreadable) with the
+// device's response. The device round trip gets a span of its own, a child
+// of ctx's.
+func (h *hub) call(ctx context.Context, s *session, body []byte) (string, json.RawMessage, error) {
 	if len(body) > h.cfg.MaxFrameBytes {
-		return nil, &wire.Fault{Code: wire.FaultTooLarge, Message: fmt.Sprintf("request of %d bytes exceeds %d", len(body), h.cfg.MaxFrameBytes)}
+		return "", nil, &wire.Fault{Code: wire.FaultTooLarge, Message: fmt.Sprintf("request of %d bytes exceeds %d", len(body), h.cfg.MaxFrameBytes)}
 	}
 	req, err := xzproto.ParseRequest(body)
 	if err != nil {
-		return nil, &wire.Fault{Code: wire.FaultInvalidRequest, Message: err.Error()}
+		return "", nil, &wire.Fault{Code: wire.FaultInvalidRequest, Message: err.Error()}
 	}
-	return s.mcp.Call(ctx, req.Method, req.Params)
+	var dspan trace.Span
+	var sent time.Time
+	raw, err := s.mcp.CallWithID(ctx, req.Method, req.Params, func(id uint64) {
+		var info telemetry.CallInfo
+		if trace.SpanFromContext(ctx).IsRecording() {
+			info.Tool = toolName(req.Method, req.Params)
+		}
+		_, dspan = telemetry.StartDeviceCall(ctx, h.tracer, req.Method, int64(id), s.transport, info)
+		sent = time.Now()
+	})
+	if dspan != nil { // the request reached the device's session
+		h.hopDevice.Observe(time.Since(sent).Seconds())
+		code := telemetry.FaultCode(err)
+		if err == nil && isErrorResponse(raw) {
+			code = wire.FaultDeviceError
+		}
+		telemetry.EndSpan(dspan, code, err)
+	}
+	return req.Method, raw, err
+}
+
+// toolName is the tool of a tools/call request, for span attributes.
+func toolName(method string, params json.RawMessage) string {
+	if method != "tools/call" || len(params) == 0 {
+		return ""
+	}
+	var p struct {
+		Name string `json:"name"`
+	}
+	_ = json.Unmarshal(params, &p)
+	return p.Name
+}
+
+// isErrorResponse tells a JSON-RPC error response from a result without
+// decoding it: the hub assigned a numeric id, so the first "error" or
+// "result" key in the bytes is the response's own.
+func isErrorResponse(raw []byte) bool {
+	e := bytes.Index(raw, []byte(`"error"`))
+	if e < 0 {
+		return false
+	}
+	r := bytes.Index(raw, []byte(`"result"`))
+	return r < 0 || e < r
 }
 
 func asFault(err error) *wire.Fault {

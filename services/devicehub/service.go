@@ -67,6 +67,9 @@ func New(cfg Config, nc *nats.Conn, log *slog.Logger) (*Service, error) {
 	}
 	s := &Service{cfg: cfg, log: log, ready: make(chan struct{}), router: chi.NewRouter()}
 	s.hub = newHub(&s.cfg, nc, log)
+	if err := s.hub.instrument(); err != nil {
+		return nil, fmt.Errorf("devicehub: %w", err)
+	}
 	s.router.Get(WebSocketPath, s.hub.serveWebSocket)
 	s.router.Get(WebSocketPath[:len(WebSocketPath)-1], s.hub.serveWebSocket)
 	if cfg.MQTTAddr != "" {
@@ -201,5 +204,6 @@ func (s *Service) Call(ctx context.Context, tenant, device string, request []byt
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.CallTimeout)
 	defer cancel()
-	return s.hub.call(ctx, sess, request)
+	_, raw, err := s.hub.call(ctx, sess, request)
+	return raw, err
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"unique"
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
@@ -55,6 +56,8 @@ type session struct {
 	// build is the same text: interning keeps one copy for all sessions.
 	hello  unique.Handle[string]
 	hasMCP bool
+	// counted is set while the session counts in the devices-connected gauge.
+	counted atomic.Bool
 
 	mcp mcpclient.Client
 
@@ -174,6 +177,9 @@ func (s *session) end(cause endCause, reason string, fault *wire.Fault) {
 	s.conn.close(cause, reason)
 	s.mcp.Close(fault)
 	s.hub.detach(s)
+	if s.counted.Swap(false) {
+		s.hub.devicesConnected.WithLabelValues(s.key.tenant, s.transport).Dec()
+	}
 	if wasOnline {
 		ev := s.event(wire.DeviceOffline)
 		ev.Reason = reason

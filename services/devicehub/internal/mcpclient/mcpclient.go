@@ -61,6 +61,14 @@ func (c *Client) Init(s Sender, maxInFlight int) {
 // calls are pending, TIMEOUT when ctx ends first, DISCONNECTED (or the
 // session's closing fault) when the session ends first.
 func (c *Client) Call(ctx context.Context, method string, params json.RawMessage) (json.RawMessage, error) {
+	return c.CallWithID(ctx, method, params, nil)
+}
+
+// CallWithID is Call that also reports the request's id: sending, when not
+// nil, is called with it just before the request is written (not at all
+// when the call fails before that, e.g. BUSY). The devicehub times the
+// device round trip from there.
+func (c *Client) CallWithID(ctx context.Context, method string, params json.RawMessage, sending func(id uint64)) (json.RawMessage, error) {
 	ch := make(chan reply, 1)
 	c.mu.Lock()
 	if c.closed != nil {
@@ -80,6 +88,9 @@ func (c *Client) Call(ctx context.Context, method string, params json.RawMessage
 	c.pending[id] = ch
 	c.mu.Unlock()
 
+	if sending != nil {
+		sending(id)
+	}
 	if err := c.send.Send(xzproto.AppendRequest(nil, id, method, params)); err != nil {
 		c.forget(id)
 		if f := c.closedFault(); f != nil {
