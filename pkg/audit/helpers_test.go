@@ -168,9 +168,11 @@ func (p *throwawayPostgres) pgctl(args ...string) error {
 	return nil
 }
 
+// start starts the cluster. Commits are synchronous (the default): an
+// immediate stop is a crash, and only synchronous commits survive one.
 func (p *throwawayPostgres) start() {
 	p.t.Helper()
-	opts := fmt.Sprintf("-c listen_addresses=127.0.0.1 -p %d -k %s -c fsync=off -c synchronous_commit=off -c full_page_writes=off", p.port, p.dir)
+	opts := fmt.Sprintf("-c listen_addresses=127.0.0.1 -p %d -k %s -c fsync=off -c full_page_writes=off", p.port, p.dir)
 	if err := p.pgctl("-D", p.dir+"/data", "-l", p.dir+"/server.log", "-w", "-o", opts, "start"); err != nil {
 		p.t.Fatal(err)
 	}
