@@ -1,0 +1,211 @@
+// Package auditapi connects the gateway to the audit trail (pkg/audit): the
+// Auditor that publishes each node.invoke to the XC_AUDIT stream before the
+// gateway answers, and the read-only HTTP API over the audit store, served
+// under /api/audit/.
+//
+//	GET /api/audit/events?tenant=T&since=RFC3339&until=RFC3339&kind=K&node=N
+//	    &principal=P&tool=X&outcome=O&limit=N&cursor=C
+//	→ 200 {"events":[audit.Event…],"nextCursor":"…"}
+//
+// Callers present "Authorization: Bearer <token>". An operator token of any
+// role (admin, operator, viewer) reads its own tenant's events (tenant may
+// be omitted); any other tenant is "not found" to it. A global admin token
+// reads every tenant and must name one. Errors are {"error":{"code","message"}}
+// as in the admin API.
+package auditapi
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+
+	"github.com/xiaoclaw/xiaoclaw/pkg/access"
+	"github.com/xiaoclaw/xiaoclaw/pkg/audit"
+	"github.com/xiaoclaw/xiaoclaw/services/gateway"
+)
+
+// InvokeAuditor returns the gateway Auditor that publishes every
+// node.invoke with p: gateway.Config{Auditor: auditapi.InvokeAuditor(p)}.
+func InvokeAuditor(p *audit.Publisher) gateway.Auditor { return invokeAuditor{p} }
+
+type invokeAuditor struct{ p *audit.Publisher }
+
+// AuditInvoke publishes a and waits for the stream's acknowledgement.
+func (a invokeAuditor) AuditInvoke(ctx context.Context, r gateway.InvokeAudit) error {
+	return a.p.Publish(ctx, InvokeEvent(r))
+}
+
+// InvokeEvent converts the gateway's record of a node.invoke.
+func InvokeEvent(r gateway.InvokeAudit) audit.Event {
+	e := audit.Event{
+		Time: r.Time, Kind: audit.KindInvoke, Tenant: r.Principal.Tenant, Principal: r.Principal.ID,
+		PrincipalName: r.Principal.Name, Role: r.Principal.Role, Node: r.NodeID, Command: r.Command, Tool: r.Tool,
+		Args: r.Args, RuleID: r.Decision.RuleID, Outcome: r.Outcome, ErrorCode: r.ErrorCode,
+		LatencyUs: r.Latency.Microseconds(), IdempotencyKey: r.IdempotencyKey, Replayed: r.Replayed,
+		RequestID: r.RequestID, Instance: r.Instance, Detail: r.Decision.Reason,
+	}
+	switch {
+	case r.Decision.Allowed:
+		e.Decision = audit.DecisionAllow
+	case r.Outcome == gateway.OutcomeDenied:
+		e.Decision = audit.DecisionDeny
+	}
+	return e
+}
+
+// Config configures the audit API.
+type Config struct {
+	Store audit.Store
+	// Operators authenticates operator bearer tokens.
+	Operators access.Authenticator
+	// AdminTokens are global admin bearer tokens (may read any tenant).
+	AdminTokens []string
+	Log         *slog.Logger
+}
+
+type api struct {
+	cfg         Config
+	adminHashes [][sha256.Size]byte
+}
+
+// New returns the handler. Serve it for every path under /api/audit/
+// without stripping the prefix: mux.Handle("/api/audit/", h).
+func New(cfg Config) (http.Handler, error) {
+	if cfg.Store == nil || cfg.Operators == nil || cfg.Log == nil {
+		return nil, errors.New("auditapi: store, operator authenticator and logger are required")
+	}
+	a := &api{cfg: cfg}
+	for _, t := range cfg.AdminTokens {
+		if len(t) < 16 {
+			return nil, errors.New("auditapi: a global admin token must be at least 16 characters")
+		}
+		a.adminHashes = append(a.adminHashes, sha256.Sum256([]byte(t)))
+	}
+	r := chi.NewRouter()
+	r.NotFound(func(w http.ResponseWriter, _ *http.Request) {
+		writeError(w, http.StatusNotFound, "not_found", "no such endpoint")
+	})
+	r.MethodNotAllowed(func(w http.ResponseWriter, _ *http.Request) {
+		writeError(w, http.StatusMethodNotAllowed, "method_not_allowed", "method not allowed")
+	})
+	r.Get("/api/audit/events", a.events)
+	return r, nil
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func writeError(w http.ResponseWriter, status int, code, msg string) {
+	var b struct {
+		Error struct {
+			Code    string `json:"code"`
+			Message string `json:"message"`
+		} `json:"error"`
+	}
+	b.Error.Code, b.Error.Message = code, msg
+	writeJSON(w, status, b)
+}
+
+// caller returns the tenant the caller may read ("" for a global admin),
+// or false after answering the request.
+func (a *api) caller(w http.ResponseWriter, r *http.Request) (tenant string, global, ok bool) {
+	token, found := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if !found || token == "" {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="xiaoclaw"`)
+		writeError(w, http.StatusUnauthorized, "unauthenticated", "a bearer token is required")
+		return "", false, false
+	}
+	sum := sha256.Sum256([]byte(token))
+	for _, h := range a.adminHashes {
+		if subtle.ConstantTimeCompare(sum[:], h[:]) == 1 {
+			global = true
+		}
+	}
+	if global {
+		return "", true, true
+	}
+	p, err := a.cfg.Operators.AuthenticateOperator(r.Context(), token)
+	switch {
+	case errors.Is(err, access.ErrUnauthenticated):
+		w.Header().Set("WWW-Authenticate", `Bearer realm="xiaoclaw", error="invalid_token"`)
+		writeError(w, http.StatusUnauthorized, "unauthenticated", "invalid, expired or revoked token")
+		return "", false, false
+	case err != nil:
+		a.cfg.Log.Error("audit API authentication failed", "err", err)
+		writeError(w, http.StatusServiceUnavailable, "unavailable", "credentials cannot be checked right now")
+		return "", false, false
+	}
+	switch p.Role {
+	case access.RoleAdmin, access.RoleOperator, access.RoleViewer:
+		return p.Tenant, false, true
+	}
+	writeError(w, http.StatusForbidden, "permission_denied", "this token may not read the audit trail")
+	return "", false, false
+}
+
+func (a *api) events(w http.ResponseWriter, r *http.Request) {
+	own, global, ok := a.caller(w, r)
+	if !ok {
+		return
+	}
+	v := r.URL.Query()
+	q := audit.Query{
+		Tenant: v.Get("tenant"), Kind: v.Get("kind"), Node: v.Get("node"), Principal: v.Get("principal"),
+		Tool: v.Get("tool"), Outcome: v.Get("outcome"), Cursor: v.Get("cursor"),
+	}
+	switch {
+	case global && q.Tenant == "":
+		writeError(w, http.StatusBadRequest, "invalid_argument", "tenant is required")
+		return
+	case !global && q.Tenant == "":
+		q.Tenant = own
+	case !global && q.Tenant != own:
+		writeError(w, http.StatusNotFound, "not_found", "no such tenant")
+		return
+	}
+	for _, f := range []struct {
+		name string
+		t    *time.Time
+	}{{"since", &q.Since}, {"until", &q.Until}} {
+		if s := v.Get(f.name); s != "" {
+			t, err := time.Parse(time.RFC3339Nano, s)
+			if err != nil {
+				writeError(w, http.StatusBadRequest, "invalid_argument", f.name+" must be an RFC 3339 time such as 2026-01-02T15:04:05Z")
+				return
+			}
+			*f.t = t
+		}
+	}
+	if s := v.Get("limit"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 || n > audit.MaxLimit {
+			writeError(w, http.StatusBadRequest, "invalid_argument", "limit must be 1-"+strconv.Itoa(audit.MaxLimit))
+			return
+		}
+		q.Limit = n
+	}
+	page, err := a.cfg.Store.Query(r.Context(), q)
+	switch {
+	case errors.Is(err, audit.ErrInvalidQuery):
+		writeError(w, http.StatusBadRequest, "invalid_argument", strings.TrimPrefix(err.Error(), "audit: invalid query: "))
+		return
+	case err != nil:
+		a.cfg.Log.Error("audit query failed", "tenant", q.Tenant, "err", err)
+		writeError(w, http.StatusServiceUnavailable, "unavailable", "the audit store cannot be read right now")
+		return
+	}
+	writeJSON(w, http.StatusOK, page)
+}

@@ -1,0 +1,182 @@
+package auditapi_test
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/xiaoclaw/xiaoclaw/pkg/access"
+	"github.com/xiaoclaw/xiaoclaw/pkg/audit"
+	"github.com/xiaoclaw/xiaoclaw/pkg/natsembed"
+	"github.com/xiaoclaw/xiaoclaw/services/gateway"
+	"github.com/xiaoclaw/xiaoclaw/services/gateway/auditapi"
+)
+
+const adminToken = "global-admin-token-0123456789"
+
+func store(t *testing.T) *audit.SQLiteStore {
+	ctx := context.Background()
+	s, err := audit.OpenSQLite(ctx, filepath.Join(t.TempDir(), "audit.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	if err := s.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func log() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// TestInvokeAuditorToStore: a denied node.invoke, as the gateway reports
+// it, lands in the store with its rule, decision and masked arguments.
+func TestInvokeAuditorToStore(t *testing.T) {
+	ctx := context.Background()
+	srv, err := natsembed.Start(natsembed.Config{StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	nc, err := srv.Connect("test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	s := store(t)
+	pub, err := audit.NewPublisher(ctx, nc, audit.PublisherConfig{}, log())
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, _ := audit.NewWriter(nc, s, audit.WriterConfig{}, log())
+	wctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- w.Run(wctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	var auditor gateway.Auditor = auditapi.InvokeAuditor(pub)
+	err = auditor.AuditInvoke(ctx, gateway.InvokeAudit{
+		Time: time.Now(), Instance: "gw-1", RequestID: "r1",
+		Principal: access.Principal{Tenant: "acme", ID: "tok_op", Name: "ci", Role: access.RoleOperator},
+		NodeID:    "xz-a1b2c3d4e5f6", NodeKind: "xiaozhi", Command: "mcp.tools.call", Tool: "self.reboot",
+		Args:     json.RawMessage(`{"delay":1,"password":"hunter2"}`),
+		Decision: access.Decision{Allowed: false, RuleID: "rule-no-reboot", Reason: "off limits"},
+		Outcome:  gateway.OutcomeDenied, ErrorCode: "POLICY_DENIED", IdempotencyKey: "k1", Latency: 300 * time.Microsecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got audit.Event
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		p, err := s.Query(ctx, audit.Query{Tenant: "acme"})
+		if err == nil && len(p.Events) == 1 {
+			got = p.Events[0]
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("event not stored: %+v %v", p, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if got.Decision != audit.DecisionDeny || got.RuleID != "rule-no-reboot" || got.Outcome != "denied" ||
+		got.ErrorCode != "POLICY_DENIED" || got.LatencyUs != 300 || got.Principal != "tok_op" || got.Instance != "gw-1" ||
+		string(got.Args) != `{"delay":1,"password":"[REDACTED]"}` || got.Detail != "off limits" {
+		t.Fatalf("stored %+v (args %s)", got, got.Args)
+	}
+}
+
+func TestEventsAPI(t *testing.T) {
+	ctx := context.Background()
+	s := store(t)
+	base := time.Date(2026, 5, 1, 0, 0, 0, 0, time.UTC)
+	var batch []audit.Event
+	for i := range 30 {
+		batch = append(batch, audit.Event{ID: "a" + string(rune('A'+i)), Time: base.Add(time.Duration(i) * time.Second),
+			Kind: audit.KindInvoke, Tenant: "acme", Node: "xz-000000000001", Tool: "t", Outcome: "ok"})
+	}
+	batch = append(batch, audit.Event{ID: "o1", Time: base, Kind: audit.KindInvoke, Tenant: "other", Outcome: "ok"})
+	if _, err := s.Write(ctx, batch); err != nil {
+		t.Fatal(err)
+	}
+	h, err := auditapi.New(auditapi.Config{Store: s, Log: log(), AdminTokens: []string{adminToken},
+		Operators: access.StaticTokens{
+			"viewer-acme": {Tenant: "acme", ID: "tok_v", Role: access.RoleViewer},
+			"op-other":    {Tenant: "other", ID: "tok_o", Role: access.RoleOperator},
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	get := func(token string, q url.Values) (int, audit.Page, string) {
+		req, _ := http.NewRequest("GET", srv.URL+"/api/audit/events?"+q.Encode(), nil)
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		b, _ := io.ReadAll(res.Body)
+		var p audit.Page
+		_ = json.Unmarshal(b, &p)
+		return res.StatusCode, p, string(b)
+	}
+	// A viewer reads its own tenant, page by page.
+	var ids []string
+	q := url.Values{"limit": {"12"}}
+	for {
+		code, p, body := get("viewer-acme", q)
+		if code != 200 {
+			t.Fatalf("%d %s", code, body)
+		}
+		for _, e := range p.Events {
+			ids = append(ids, e.ID)
+		}
+		if p.NextCursor == "" {
+			break
+		}
+		q.Set("cursor", p.NextCursor)
+	}
+	if len(ids) != 30 || ids[0] != "a^" {
+		t.Fatalf("ids %v", ids)
+	}
+	if code, p, _ := get(adminToken, url.Values{"tenant": {"other"}}); code != 200 || len(p.Events) != 1 {
+		t.Fatalf("global admin: %d %+v", code, p)
+	}
+	if code, p, _ := get("viewer-acme", url.Values{"since": {base.Add(25 * time.Second).Format(time.RFC3339)}}); code != 200 || len(p.Events) != 5 {
+		t.Fatalf("since: %d %d", code, len(p.Events))
+	}
+	for _, c := range []struct {
+		token string
+		q     url.Values
+		code  int
+		err   string
+	}{
+		{"", nil, 401, "unauthenticated"},
+		{"nope", nil, 401, "unauthenticated"},
+		{"op-other", url.Values{"tenant": {"acme"}}, 404, "not_found"},
+		{adminToken, nil, 400, "invalid_argument"},
+		{"viewer-acme", url.Values{"limit": {"0"}}, 400, "invalid_argument"},
+		{"viewer-acme", url.Values{"since": {"yesterday"}}, 400, "invalid_argument"},
+		{"viewer-acme", url.Values{"cursor": {"!!"}}, 400, "invalid_argument"},
+	} {
+		code, _, body := get(c.token, c.q)
+		var e struct {
+			Error struct{ Code string } `json:"error"`
+		}
+		_ = json.Unmarshal([]byte(body), &e)
+		if code != c.code || e.Error.Code != c.err {
+			t.Errorf("%q %v: %d %s, want %d %s", c.token, c.q, code, body, c.code, c.err)
+		}
+	}
+}
