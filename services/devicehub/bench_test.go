@@ -42,7 +42,7 @@ func TestMain(m *testing.M) {
 // runBenchChild serves the parent over stdin/stdout:
 //
 //	child  -> "NATS <url>"
-//	parent -> "CONNECT <ws-url> <count> <extra-tools>"
+//	parent -> "CONNECT <transport> <url> <count> <extra-tools>" (mqtt: url is the OTA URL)
 //	child  -> "ONLINE" once the hub announced every device (or "ERROR <text>")
 //	parent closes stdin; the child closes the fleet and exits.
 func runBenchChild() int {
@@ -64,9 +64,9 @@ func runBenchChild() int {
 	if !in.Scan() {
 		return 1
 	}
-	var url string
+	var transport, url string
 	var count, tools int
-	if _, err := fmt.Sscanf(in.Text(), "CONNECT %s %d %d", &url, &count, &tools); err != nil {
+	if _, err := fmt.Sscanf(in.Text(), "CONNECT %s %s %d %d", &transport, &url, &count, &tools); err != nil {
 		fmt.Println("ERROR", err)
 		return 1
 	}
@@ -91,9 +91,11 @@ func runBenchChild() int {
 		fmt.Println("ERROR", err)
 		return 1
 	}
-	fleet, err := xzsim.StartFleet(context.Background(), xzsim.FleetConfig{
-		Device: xzsim.Config{URL: url, Token: testToken, ExtraTools: tools}, Count: count, Seed: 0xbe, Concurrency: 32,
-	})
+	dc := xzsim.Config{URL: url, Token: testToken, ExtraTools: tools}
+	if transport == wire.TransportMQTT {
+		dc = xzsim.Config{OTAURL: url, ExtraTools: tools}
+	}
+	fleet, err := xzsim.StartFleet(context.Background(), xzsim.FleetConfig{Device: dc, Count: count, Seed: 0xbe, Concurrency: 32})
 	if err != nil {
 		fmt.Println("ERROR", err)
 		return 1
@@ -121,7 +123,11 @@ type memSample struct {
 }
 
 func sampleMemory(b *testing.B) memSample {
-	runtime.GC()
+	// Each GC cycle halves a goroutine stack using under a quarter of it:
+	// a few cycles reach the steady state of an idle server.
+	for range 4 {
+		runtime.GC()
+	}
 	debug.FreeOSMemory()
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
@@ -158,9 +164,10 @@ func tcpSocketPages() int64 {
 	return 0
 }
 
-// BenchmarkIdleSessionMemory measures the hub's memory per idle WebSocket
-// session with DEVICEHUB_BENCH_SESSIONS (default 2000) simulated devices
-// that finished MCP discovery (7 built-in tools each, catalog interned).
+// BenchmarkIdleSessionMemory measures the hub's memory per idle session
+// over WebSocket and over MQTT, in one run, with DEVICEHUB_BENCH_SESSIONS
+// (default 2000) simulated devices that finished MCP discovery (4 tools
+// each, catalog interned). MQTT devices boot through the OTA endpoint.
 func BenchmarkIdleSessionMemory(b *testing.B) {
 	n := 2000
 	if v := os.Getenv(benchSessionsEnv); v != "" {
@@ -169,17 +176,21 @@ func BenchmarkIdleSessionMemory(b *testing.B) {
 			b.Fatalf("%s=%q", benchSessionsEnv, v)
 		}
 	}
-	measured := false
-	for b.Loop() {
-		if measured {
-			continue
-		}
-		measured = true
-		measureIdleSessions(b, n)
+	for _, transport := range []string{wire.TransportWebSocket, wire.TransportMQTT} {
+		b.Run(transport, func(b *testing.B) {
+			measured := false
+			for b.Loop() {
+				if measured {
+					continue
+				}
+				measured = true
+				measureIdleSessions(b, transport, n)
+			}
+		})
 	}
 }
 
-func measureIdleSessions(b *testing.B, n int) {
+func measureIdleSessions(b *testing.B, transport string, n int) {
 	child := exec.Command(os.Args[0], "-test.run=^$")
 	child.Env = append(os.Environ(), benchChildEnv+"=1")
 	child.Stderr = os.Stderr
@@ -214,7 +225,10 @@ func measureIdleSessions(b *testing.B, n int) {
 		b.Fatal(err)
 	}
 	defer nc.Close()
-	svc, err := devicehub.New(devicehub.Config{DeviceAddr: "127.0.0.1:0", Auth: deviceAuth(), IdleTimeout: time.Hour}, nc, nil)
+	svc, err := devicehub.New(devicehub.Config{
+		DeviceAddr: "127.0.0.1:0", MQTTAddr: "127.0.0.1:0", Auth: devCreds, IdleTimeout: time.Hour,
+		OTA: devicehub.OTAConfig{Credentials: devCreds, AutoActivateTenant: testTenant},
+	}, nc, nil)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -226,7 +240,11 @@ func measureIdleSessions(b *testing.B, n int) {
 
 	before := sampleMemory(b)
 	start := time.Now()
-	fmt.Fprintf(stdin, "CONNECT ws://%s/xiaozhi/v1/ %d 0\n", svc.DeviceAddr(), n)
+	url := wsURL(svc)
+	if transport == wire.TransportMQTT {
+		url = otaURL(svc)
+	}
+	fmt.Fprintf(stdin, "CONNECT %s %s %d 0\n", transport, url, n)
 	if line() != "ONLINE" {
 		b.Fatal("unexpected child output")
 	}
@@ -346,4 +364,48 @@ func BenchmarkSubscriptionMemory(b *testing.B) {
 			}
 		})
 	}
+}
+
+// BenchmarkInvokeByTransport compares a tools/call through NATS to a
+// WebSocket device and to an MQTT device on the same hub, alternating
+// both in one run so the ratio holds on a noisy machine.
+func BenchmarkInvokeByTransport(b *testing.B) {
+	e := newEnv(b)
+	hub := startMQTTHub(b, e, nil)
+	macs := map[string]string{wire.TransportWebSocket: "aa:bb:cc:00:be:11", wire.TransportMQTT: "aa:bb:cc:00:be:12"}
+	msgs := map[string]*nats.Msg{}
+	for transport, mac := range macs {
+		w := watch(b, e, testTenant, canonical(b, mac))
+		d := deviceOver(b, hub, transport, mac, nil)
+		if err := d.Connect(context.Background()); err != nil {
+			b.Fatal(err)
+		}
+		w.nextKind(wire.DeviceOnline)
+		m := &nats.Msg{Subject: wire.DeviceRPC(testTenant, canonical(b, mac)), Header: nats.Header{},
+			Data: []byte(callBody("self.audio_speaker.set_volume", `{"volume":50}`))}
+		wire.SetTimeout(m.Header, time.Now().Add(time.Hour))
+		msgs[transport] = m
+	}
+	lat := map[string][]time.Duration{}
+	for b.Loop() {
+		for _, transport := range []string{wire.TransportWebSocket, wire.TransportMQTT} {
+			t0 := time.Now()
+			r, err := e.nc.RequestMsg(msgs[transport], 5*time.Second)
+			if err != nil || r.Header.Get(wire.HeaderFault) != "" {
+				b.Fatal(transport, err)
+			}
+			lat[transport] = append(lat[transport], time.Since(t0))
+		}
+	}
+	pct := func(d []time.Duration, p float64) float64 {
+		slices.Sort(d)
+		return float64(d[int(p*float64(len(d)-1))].Nanoseconds()) / 1000
+	}
+	ws50, ws99 := pct(lat[wire.TransportWebSocket], 0.5), pct(lat[wire.TransportWebSocket], 0.99)
+	mq50, mq99 := pct(lat[wire.TransportMQTT], 0.5), pct(lat[wire.TransportMQTT], 0.99)
+	b.ReportMetric(ws50, "ws-p50-µs")
+	b.ReportMetric(ws99, "ws-p99-µs")
+	b.ReportMetric(mq50, "mqtt-p50-µs")
+	b.ReportMetric(mq99, "mqtt-p99-µs")
+	b.ReportMetric(mq50/ws50, "mqtt/ws-p50")
 }

@@ -33,7 +33,7 @@ const (
 
 	DefaultMQTTMaxPayload  = 8192 // the firmware's MQTT buffer
 	DefaultMQTTKeepalive   = 240 * time.Second
-	DefaultMQTTBufferSize  = 1024
+	DefaultMQTTBufferSize  = 512
 	DefaultMQTTWritesQueue = 16
 )
 
@@ -102,7 +102,7 @@ type Config struct {
 	// (the firmware's value).
 	MQTTKeepalive time.Duration
 	// MQTTBufferSize is the read and write buffer of one MQTT connection
-	// (at most 2 KiB; default 1 KiB). MQTTWritesQueue caps the broker's
+	// (256 B to 2 KiB; default 512 B). MQTTWritesQueue caps the broker's
 	// per-client outbound queue (at most 128; default 16).
 	MQTTBufferSize  int
 	MQTTWritesQueue int
