@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -22,6 +23,9 @@ type WriterConfig struct {
 	Durable string
 	// BatchSize is the most events written in one transaction. Default 1000.
 	BatchSize int
+	// Workers is how many fetch-and-write loops run in this writer, so that
+	// one fetches while another writes. Default 2.
+	Workers int
 	// MaxWait is how long a fetch waits to fill a batch; it bounds the
 	// delay of an event under light load. Default 50 ms.
 	MaxWait time.Duration
@@ -46,6 +50,9 @@ func (c *WriterConfig) setDefaults() {
 	}
 	if c.BatchSize <= 0 {
 		c.BatchSize = 1000
+	}
+	if c.Workers <= 0 {
+		c.Workers = 2
 	}
 	if c.MaxWait <= 0 {
 		c.MaxWait = 50 * time.Millisecond
@@ -104,16 +111,27 @@ func (w *Writer) Run(ctx context.Context) error {
 	if err := w.store.Prepare(ctx, time.Now()); err != nil && ctx.Err() == nil {
 		w.log.Warn("audit store: creating partitions ahead failed; writes create them as needed", "err", err)
 	}
+	var wg sync.WaitGroup
+	for i := range w.cfg.Workers {
+		wg.Go(func() { w.loop(ctx, cons, i == 0) })
+	}
+	wg.Wait()
+	return nil
+}
+
+// loop fetches and commits batches until ctx is done; the maintainer also
+// creates partitions and applies retention on schedule.
+func (w *Writer) loop(ctx context.Context, cons jetstream.Consumer, maintainer bool) {
 	lastMaintain := time.Now()
 	for ctx.Err() == nil {
-		if time.Since(lastMaintain) >= w.cfg.PruneInterval {
+		if maintainer && time.Since(lastMaintain) >= w.cfg.PruneInterval {
 			lastMaintain = time.Now()
 			w.maintain(ctx)
 		}
 		batch, err := cons.Fetch(w.cfg.BatchSize, jetstream.FetchMaxWait(w.cfg.MaxWait))
 		if err != nil {
 			if ctx.Err() != nil {
-				break
+				return
 			}
 			w.log.Warn("audit writer: fetch", "err", err)
 			w.pause(ctx, time.Second)
@@ -130,7 +148,6 @@ func (w *Writer) Run(ctx context.Context) error {
 			w.commit(ctx, msgs)
 		}
 	}
-	return nil
 }
 
 // consumer creates or binds the durable consumer, retrying until ctx ends
@@ -149,7 +166,7 @@ func (w *Writer) consumer(ctx context.Context, js jetstream.JetStream) (jetstrea
 				AckPolicy:     jetstream.AckExplicitPolicy,
 				AckWait:       w.cfg.AckWait,
 				MaxDeliver:    -1,
-				MaxAckPending: 20 * w.cfg.BatchSize,
+				MaxAckPending: 20 * w.cfg.BatchSize * w.cfg.Workers,
 				FilterSubject: wire.SubjectAuditAll,
 			})
 		}()
