@@ -280,8 +280,8 @@ func randomHex(n int) string {
 
 // casStore is the little a key-value store needs for activations.
 type casStore interface {
-	get(ctx context.Context, key string) ([]byte, uint64, error) // errNoKey
-	create(ctx context.Context, key string, val []byte) (uint64, error) // errConflict if present
+	get(ctx context.Context, key string) ([]byte, uint64, error)                    // errNoKey
+	create(ctx context.Context, key string, val []byte) (uint64, error)             // errConflict if present
 	update(ctx context.Context, key string, val []byte, rev uint64) (uint64, error) // errConflict if rev is stale
 	delete(ctx context.Context, key string) error
 }

@@ -528,8 +528,10 @@ func (m minLevel) Enabled(ctx context.Context, l slog.Level) bool {
 	return l >= m.level && m.Handler.Enabled(ctx, l)
 }
 
-func (m minLevel) WithAttrs(a []slog.Attr) slog.Handler { return minLevel{m.Handler.WithAttrs(a), m.level} }
-func (m minLevel) WithGroup(n string) slog.Handler      { return minLevel{m.Handler.WithGroup(n), m.level} }
+func (m minLevel) WithAttrs(a []slog.Attr) slog.Handler {
+	return minLevel{m.Handler.WithAttrs(a), m.level}
+}
+func (m minLevel) WithGroup(n string) slog.Handler { return minLevel{m.Handler.WithGroup(n), m.level} }
 
 func truncateLog(s string) string {
 	if len(s) > 80 {

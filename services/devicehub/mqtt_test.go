@@ -2,7 +2,7 @@ package devicehub_test
 
 import (
 	"bufio"
-		"context"
+	"context"
 	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
@@ -132,11 +132,11 @@ func TestMQTTWrongCredentialsRefused(t *testing.T) {
 	const mac = "aa:bb:cc:0f:00:02"
 	good := mqttConfig(t, hub, mac)
 	for name, mutate := range map[string]func(*xzsim.MQTTConfig){
-		"wrong password":        func(m *xzsim.MQTTConfig) { m.Password = "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=" },
-		"no password":           func(m *xzsim.MQTTConfig) { m.Password = "" },
-		"password of other id":  func(m *xzsim.MQTTConfig) { m.ClientID = mqttClientID("aa:bb:cc:0f:00:03") },
-		"client id not GID_…":   func(m *xzsim.MQTTConfig) { m.ClientID = "aa_bb_cc_0f_00_02" },
-		"client id bad device":  func(m *xzsim.MQTTConfig) { m.ClientID = "GID_x@@@aa.bb@@@u" },
+		"wrong password":       func(m *xzsim.MQTTConfig) { m.Password = "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=" },
+		"no password":          func(m *xzsim.MQTTConfig) { m.Password = "" },
+		"password of other id": func(m *xzsim.MQTTConfig) { m.ClientID = mqttClientID("aa:bb:cc:0f:00:03") },
+		"client id not GID_…":  func(m *xzsim.MQTTConfig) { m.ClientID = "aa_bb_cc_0f_00_02" },
+		"client id bad device": func(m *xzsim.MQTTConfig) { m.ClientID = "GID_x@@@aa.bb@@@u" },
 	} {
 		mc := good
 		mutate(&mc)
@@ -171,9 +171,9 @@ func TestMQTTHelloV3AnsweredWithUDPBlockThenGoodbye(t *testing.T) {
 		t.Fatalf("the firmware would not accept the server hello: %v", err)
 	}
 	var h struct {
-		Type        string  `json:"type"`
-		Transport   string  `json:"transport"`
-		SessionID   string  `json:"session_id"`
+		Type        string `json:"type"`
+		Transport   string `json:"transport"`
+		SessionID   string `json:"session_id"`
 		AudioParams *struct {
 			Format        string `json:"format"`
 			SampleRate    int    `json:"sample_rate"`
@@ -413,7 +413,7 @@ func TestMQTTQoS1PublishClosesTheConnection(t *testing.T) {
 	rc := dialRawMQTT(t, hub, "aa:bb:cc:0f:00:09", 60)
 	body := append(binary.BigEndian.AppendUint16(nil, uint16(len("device-server"))), "device-server"...)
 	body = append(binary.BigEndian.AppendUint16(body, 1), `{"type":"listen"}`...) // packet id 1
-	rc.write(0x32, body)                                                           // PUBLISH, QoS 1
+	rc.write(0x32, body)                                                          // PUBLISH, QoS 1
 	rc.waitClosed()
 	eventually(t, "session released", func() bool { return hub.Sessions() == 0 })
 }
