@@ -9,8 +9,6 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
-	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"strings"
@@ -18,8 +16,11 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"go.opentelemetry.io/otel"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/deviceauth"
+	"github.com/xiaoclaw/xiaoclaw/pkg/telemetry"
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
 	"github.com/xiaoclaw/xiaoclaw/services/devicehub"
 )
@@ -63,7 +64,7 @@ func run(args []string) error {
 	fs := flag.NewFlagSet("devicehub", flag.ContinueOnError)
 	natsURL := fs.String("nats-url", "nats://127.0.0.1:4222", "NATS server URL")
 	deviceAddr := fs.String("device-addr", devicehub.DefaultDeviceAddr, "listen address of the device endpoints (WebSocket /xiaozhi/v1/)")
-	opsAddr := fs.String("ops-addr", ":9090", "listen address of /healthz and /readyz")
+	opsAddr := fs.String("ops-addr", ":9090", "listen address of /healthz, /readyz, /metrics and /debug/loglevel")
 	var tokens tokenList
 	fs.Var(&tokens, "device-token", "device bearer token as TENANT=TOKEN, or TOKEN for tenant dev (repeatable; env: comma-separated)")
 	callTimeout := fs.Duration("call-timeout", devicehub.DefaultCallTimeout, "deadline of one device call when the caller sets none")
@@ -79,10 +80,15 @@ func run(args []string) error {
 		return err
 	}
 
-	log, err := newLogger(*logLevel, *logFormat)
-	if err != nil {
-		return err
+	var level slog.LevelVar
+	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
+		return fmt.Errorf("--log-level: %w", err)
 	}
+	log, err := telemetry.NewLogger(os.Stderr, *logFormat, &level)
+	if err != nil {
+		return fmt.Errorf("--log-format: %w", err)
+	}
+	log = log.With(telemetry.LogKeyService, telemetry.LabelDevicehub, telemetry.LogKeyInstance, *instance)
 	auth, err := tokens.authenticator()
 	if err != nil {
 		return err
@@ -93,6 +99,23 @@ func run(args []string) error {
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+
+	tp, err := telemetry.NewTracerProvider(ctx, telemetry.ServiceDevicehub, telemetry.Config{
+		Env: os.Getenv, Instance: *instance, Version: version, ConsoleWriter: os.Stdout,
+	})
+	if err != nil {
+		return err
+	}
+	// Flushes the spans still queued, after everything else has stopped.
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := tp.Shutdown(sctx); err != nil {
+			log.Warn("devicehub: tracer shutdown", "err", err)
+		}
+	}()
+	otel.SetErrorHandler(telemetry.ErrorHandler(log, time.Minute))
+	log.Info("devicehub: tracing", "config", tp.String())
 
 	nc, err := nats.Connect(*natsURL,
 		nats.Name("devicehub "+*instance),
@@ -105,48 +128,30 @@ func run(args []string) error {
 	}
 	defer nc.Close()
 
+	reg := telemetry.NewRegistry()
+	if err := telemetry.RegisterNATSConnected(reg, telemetry.LabelDevicehub, nc); err != nil {
+		return err
+	}
 	svc, err := devicehub.New(devicehub.Config{
 		Instance: *instance, DeviceAddr: *deviceAddr, Auth: auth,
 		CallTimeout: *callTimeout, IdleTimeout: *idleTimeout, WithUserTools: *withUserTools, Version: version,
+		TracerProvider: tp, Registerer: reg,
 	}, nc, log)
 	if err != nil {
 		return err
 	}
-
-	ops := &http.Server{Addr: *opsAddr, Handler: opsHandler(svc, nc), ReadHeaderTimeout: 5 * time.Second}
-	opsLn, err := net.Listen("tcp", *opsAddr)
+	ops, err := telemetry.NewOpsServer(telemetry.OpsConfig{
+		Addr: *opsAddr, Gatherer: reg, LogLevel: &level,
+		Checks: []telemetry.Check{telemetry.NATSCheck(nc), telemetry.ChannelCheck("devicehub", svc.Ready())},
+	}, log)
 	if err != nil {
-		return fmt.Errorf("ops listener: %w", err)
+		return err
 	}
-	go func() {
-		if err := ops.Serve(opsLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			log.Error("devicehub: ops server failed", "err", err)
-		}
-	}()
-	defer ops.Close()
 
-	return svc.Run(ctx)
-}
-
-func opsHandler(svc *devicehub.Service, nc *nats.Conn) http.Handler {
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
-		fmt.Fprintln(w, "ok")
-	})
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
-		select {
-		case <-svc.Ready():
-		default:
-			http.Error(w, "starting", http.StatusServiceUnavailable)
-			return
-		}
-		if !nc.IsConnected() {
-			http.Error(w, "NATS disconnected", http.StatusServiceUnavailable)
-			return
-		}
-		fmt.Fprintln(w, "ready")
-	})
-	return mux
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return ops.Run(gctx) })
+	g.Go(func() error { return svc.Run(gctx) })
+	return g.Wait()
 }
 
 // envFallback sets every flag not given on the command line from
@@ -176,20 +181,4 @@ func envFallback(fs *flag.FlagSet) error {
 		}
 	})
 	return err
-}
-
-func newLogger(level, format string) (*slog.Logger, error) {
-	var lv slog.Level
-	if err := lv.UnmarshalText([]byte(level)); err != nil {
-		return nil, fmt.Errorf("--log-level: %w", err)
-	}
-	opts := &slog.HandlerOptions{Level: lv}
-	switch format {
-	case "json":
-		return slog.New(slog.NewJSONHandler(os.Stderr, opts)), nil
-	case "text":
-		return slog.New(slog.NewTextHandler(os.Stderr, opts)), nil
-	default:
-		return nil, fmt.Errorf("--log-format must be json or text, not %q", format)
-	}
 }
