@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -218,5 +219,59 @@ func TestWriterSQLite(t *testing.T) {
 	var calls int
 	if err := store.DB().QueryRowContext(ctx, `SELECT count(*) FROM audit_invocations WHERE tenant = 'acme' AND latency_ms >= 0`).Scan(&calls); err != nil || calls != 50 {
 		t.Fatalf("sqlite audit_invocations: %d %v", calls, err)
+	}
+}
+
+// TestCollector: device sessions and tenancy changes on the bus become
+// audit events; a re-announced session is stored once.
+func TestCollector(t *testing.T) {
+	ctx := context.Background()
+	connect := embeddedNATS(t)
+	nc := connect()
+	store := openSQLite(t)
+	pub, err := audit.NewPublisher(ctx, nc, audit.PublisherConfig{}, testLog(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, _ := audit.NewWriter(nc, store, audit.WriterConfig{}, testLog(t))
+	runWriter(t, w)
+	c, _ := audit.NewCollector(connect(), pub, testLog(t))
+	cctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- c.Run(cctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	<-c.Ready()
+
+	send := func(subject string, v any) {
+		b, _ := json.Marshal(v)
+		if err := nc.Publish(subject, b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	online := wire.DeviceEvent{Kind: wire.DeviceOnline, Tenant: "acme", Device: "a1b2c3d4e5f6", SessionID: "s1", Hub: "hub-1",
+		Transport: wire.TransportWebSocket, RemoteIP: "10.0.0.7", AtMs: time.Now().UnixMilli()}
+	send(wire.DeviceState("acme", "a1b2c3d4e5f6"), online)
+	send(wire.DeviceState("acme", "a1b2c3d4e5f6"), online) // resync re-announces it
+	send(wire.DeviceState("acme", "a1b2c3d4e5f6"), wire.DeviceEvent{Kind: wire.DeviceTools, SessionID: "s1"})
+	send(wire.DeviceState("acme", "a1b2c3d4e5f6"), wire.DeviceEvent{Kind: wire.DeviceOffline, SessionID: "s1", Reason: "closed", Hub: "hub-1"})
+	send(wire.SubjectTenancyChanged, wire.TenancyChange{Tenant: "acme", Kind: wire.ChangeRule, ID: "rule-1"})
+	send(wire.SubjectTenancyChanged, wire.TenancyChange{Tenant: "Bad.Tenant", Kind: wire.ChangeRule})
+
+	var kinds []string
+	waitFor(t, 10*time.Second, "3 events", func() bool {
+		p, err := store.Query(ctx, audit.Query{Tenant: "acme"})
+		if err != nil || len(p.Events) < 3 {
+			return false
+		}
+		kinds = kinds[:0]
+		for _, e := range p.Events {
+			kinds = append(kinds, e.Kind+":"+e.Node+":"+e.Detail)
+		}
+		return true
+	})
+	slices.Sort(kinds)
+	want := []string{"device.connect:xz-a1b2c3d4e5f6:websocket 10.0.0.7", "device.disconnect:xz-a1b2c3d4e5f6:closed", "tenancy.change::rule-1"}
+	if !slices.Equal(kinds, want) {
+		t.Fatalf("events %v, want %v", kinds, want)
 	}
 }
