@@ -62,6 +62,9 @@ type Request struct {
 	ID     string
 	Method string
 	Params json.RawMessage
+	// Traceparent is the W3C trace context of protocol v4 frames ("" when
+	// absent or not a string); its validity is the tracer's business.
+	Traceparent string
 }
 
 // FrameError says why bytes are not a valid request frame. ID is the frame's
@@ -79,6 +82,9 @@ type wireRequest struct {
 	ID     *string         `json:"id"`
 	Method *string         `json:"method"`
 	Params json.RawMessage `json:"params"`
+	// Traceparent stays raw: a value of the wrong type is ignored rather
+	// than failing the frame.
+	Traceparent json.RawMessage `json:"traceparent"`
 }
 
 // ParseRequest parses one client frame. Unknown keys are ignored (newer
@@ -115,10 +121,29 @@ func ParseRequest(data []byte) (Request, *FrameError) {
 		if isNull(p) {
 			p = nil
 		}
-		return Request{ID: *w.ID, Method: *w.Method, Params: p}, nil
+		return Request{ID: *w.ID, Method: *w.Method, Params: p, Traceparent: traceparent(w.Traceparent)}, nil
 	}
 	return Request{}, fe
 }
+
+// traceparent returns a JSON string value that needs no unescaping (a
+// valid traceparent never does), else "". Longer values than the v4 schema
+// allows are dropped unread.
+func traceparent(raw json.RawMessage) string {
+	if len(raw) < 2 || len(raw) > 2+maxTraceparentLen || raw[0] != '"' || raw[len(raw)-1] != '"' {
+		return ""
+	}
+	v := raw[1 : len(raw)-1]
+	for _, c := range v {
+		if c == '\\' || c == '"' || c < 0x20 {
+			return ""
+		}
+	}
+	return string(v)
+}
+
+// maxTraceparentLen is the v4 schema's limit of RequestFrame.traceparent.
+const maxTraceparentLen = 128
 
 func isNull(raw json.RawMessage) bool {
 	return len(raw) == 4 && string(raw) == "null"
