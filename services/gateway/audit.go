@@ -38,6 +38,11 @@ type InvokeAudit struct {
 	IdempotencyKey string
 	Replayed       bool // answered from an earlier call with the same idempotency key
 	Latency        time.Duration
+	// TraceID and SpanID name the call's node.invoke span (lowercase hex),
+	// so an audit row leads to its trace; "" when the call was not traced
+	// and its frame carried no traceparent.
+	TraceID string
+	SpanID  string
 }
 
 // Auditor is told about every node.invoke once, just before the operator

@@ -24,8 +24,12 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/access"
+	"github.com/xiaoclaw/xiaoclaw/pkg/telemetry"
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
 	"github.com/xiaoclaw/xiaoclaw/services/gateway/internal/idempotency"
 	"github.com/xiaoclaw/xiaoclaw/services/gateway/internal/protocol"
@@ -53,6 +57,17 @@ type Config struct {
 	Auditor Auditor
 	// AdminAPI, when set, is served under /api/ on Addr.
 	AdminAPI http.Handler
+	// Ops, when set, serves /healthz, /readyz, /metrics and /debug/loglevel
+	// on Addr in place of the gateway's own /healthz and /readyz
+	// (telemetry.OpsServer.Handler; `xiaoclaw dev` mounts the ops endpoints
+	// of all its services there).
+	Ops http.Handler
+	// TracerProvider traces node.invoke (telemetry.NewTracerProvider); nil
+	// means no tracing.
+	TracerProvider trace.TracerProvider
+	// Registerer receives the gateway's metrics; nil keeps them in a
+	// private registry nobody scrapes.
+	Registerer prometheus.Registerer
 	// OriginPatterns lists the browser origins allowed besides the
 	// gateway's own host (see websocket.AcceptOptions.OriginPatterns).
 	OriginPatterns []string
@@ -106,6 +121,12 @@ func (c *Config) setDefaults() {
 	}
 	if c.Auditor == nil {
 		c.Auditor = NopAuditor{}
+	}
+	if c.TracerProvider == nil {
+		c.TracerProvider = noop.NewTracerProvider()
+	}
+	if c.Registerer == nil {
+		c.Registerer = prometheus.NewRegistry()
 	}
 	def(&c.HandshakeTimeout, 15*time.Second)
 	def(&c.TickInterval, 30*time.Second)
@@ -178,6 +199,9 @@ type Service struct {
 
 	connWG     sync.WaitGroup // open sockets
 	inflightWG sync.WaitGroup // node.invoke calls in progress
+
+	tracer  trace.Tracer
+	metrics invokeMetrics
 }
 
 // New checks cfg and binds its listen address; Run serves it.
@@ -212,6 +236,11 @@ func New(cfg Config, nc *nats.Conn, log *slog.Logger) (*Service, error) {
 		conns:     map[*conn]struct{}{},
 		operators: map[string]map[*conn]struct{}{},
 		nodeHosts: map[string]*conn{},
+	}
+	s.tracer = cfg.TracerProvider.Tracer(telemetry.ScopeName)
+	if s.metrics, err = newInvokeMetrics(cfg.Registerer); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("gateway: %w", err)
 	}
 	s.http = &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	return s, nil
@@ -352,16 +381,22 @@ func waitTimeout(wg *sync.WaitGroup, d time.Duration) bool {
 // Handler serves the WebSocket endpoint, health checks and the admin API.
 func (s *Service) Handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
-		_, _ = w.Write([]byte("ok\n"))
-	})
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if err := s.CheckReady(); err != nil {
-			http.Error(w, err.Error(), http.StatusServiceUnavailable)
-			return
+	if s.cfg.Ops != nil {
+		for _, p := range []string{"/healthz", "/readyz", "/metrics", "/debug/loglevel"} {
+			mux.Handle(p, s.cfg.Ops)
 		}
-		_, _ = w.Write([]byte("ready\n"))
-	})
+	} else {
+		mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+			_, _ = w.Write([]byte("ok\n"))
+		})
+		mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+			if err := s.CheckReady(); err != nil {
+				http.Error(w, err.Error(), http.StatusServiceUnavailable)
+				return
+			}
+			_, _ = w.Write([]byte("ready\n"))
+		})
+	}
 	if s.cfg.AdminAPI != nil {
 		mux.Handle("/api/", s.cfg.AdminAPI)
 	}

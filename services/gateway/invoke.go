@@ -8,8 +8,10 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/access"
+	"github.com/xiaoclaw/xiaoclaw/pkg/telemetry"
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
 	"github.com/xiaoclaw/xiaoclaw/services/gateway/internal/idempotency"
 	"github.com/xiaoclaw/xiaoclaw/services/gateway/internal/protocol"
@@ -26,6 +28,9 @@ type invokeCall struct {
 	body     []byte
 	deadline time.Time
 	audit    InvokeAudit
+	// ctx carries span, the call's node.invoke span.
+	ctx  context.Context
+	span trace.Span
 }
 
 // handleNodeInvoke runs the checks that need no network (params, node,
@@ -35,6 +40,9 @@ func (c *conn) handleNodeInvoke(req protocol.Request) {
 	s := c.s
 	call := &invokeCall{c: c, reqID: req.ID}
 	call.audit = InvokeAudit{Time: time.Now(), Instance: s.cfg.Instance, RequestID: req.ID, Principal: c.principal}
+	call.ctx, call.span = telemetry.StartOperatorRequest(c.ctx, s.tracer, protocol.MethodNodeInvoke, req.Traceparent,
+		telemetry.CallInfo{Tenant: c.principal.Tenant, Principal: c.principal.ID, RequestID: req.ID})
+	call.audit.TraceID, call.audit.SpanID = telemetry.TraceIDs(call.ctx)
 	inv, perr := protocol.ParseNodeInvoke(req.Params)
 	if perr != nil {
 		call.reject(perr, OutcomeRejected)
@@ -72,8 +80,18 @@ func (c *conn) handleNodeInvoke(req protocol.Request) {
 	if areq.Tool != "" {
 		call.audit.Args = areq.Args
 	}
-	dec := s.cfg.Authorizer.Authorize(c.ctx, areq)
+	if call.span.IsRecording() {
+		call.span.SetAttributes(telemetry.CallInfo{Node: n.NodeID, Command: inv.Command, Tool: areq.Tool}.Attributes(nil)...)
+	}
+	dec := s.cfg.Authorizer.Authorize(call.ctx, areq)
 	call.audit.Decision = dec
+	if dec.Allowed {
+		s.metrics.allowed.Inc()
+		telemetry.AddPolicyDecision(call.span, telemetry.EffectAllow, dec.RuleID)
+	} else {
+		s.metrics.denied.Inc()
+		telemetry.AddPolicyDecision(call.span, telemetry.EffectDeny, dec.RuleID)
+	}
 	if !dec.Allowed {
 		call.reject(protocol.PolicyDenied(c.protocol, inv.Command, areq.Tool, dec.RuleID, dec.Reason), OutcomeDenied)
 		return
@@ -159,7 +177,10 @@ func (call *invokeCall) run() {
 	msg.Header.Set(wire.HeaderRequestID, newID())
 	msg.Header.Set(wire.HeaderPrincipal, c.principal.ID)
 	wire.SetTimeout(msg.Header, call.deadline)
+	telemetry.InjectMsg(call.ctx, msg)
+	sent := time.Now()
 	reply, err := s.nc.RequestMsgWithContext(ctx, msg)
+	s.metrics.hopShim.Observe(time.Since(sent).Seconds())
 
 	var payload []byte
 	var perr *protocol.Error
@@ -230,16 +251,43 @@ func (call *invokeCall) reject(e *protocol.Error, outcome string) {
 	call.answer(protocol.AppendErrorResponse(nil, call.reqID, e), outcome, errorCode(e))
 }
 
-// answer audits the call and sends its response frame.
+// answer audits the call, sends its response frame, and ends its span and
+// metrics.
 func (call *invokeCall) answer(frame []byte, outcome, code string) {
+	s := call.c.s
 	call.audit.Outcome, call.audit.ErrorCode = outcome, code
 	call.audit.Latency = time.Since(call.audit.Time)
-	if err := call.c.s.cfg.Auditor.AuditInvoke(call.c.ctx, call.audit); err != nil {
+	var failure error
+	if err := s.cfg.Auditor.AuditInvoke(call.ctx, call.audit); err != nil {
 		// Fail closed: no answer the audit trail does not hold.
-		call.c.s.log.Warn("node.invoke not audited", "request", call.reqID, "err", err)
+		s.log.WarnContext(call.ctx, "node.invoke not audited", "request", call.reqID, "err", err)
 		frame = protocol.AppendErrorResponse(nil, call.reqID, protocol.Unavailable("audit unavailable: "+err.Error(), true))
+		outcome, code, failure = OutcomeError, wire.FaultUnavailable, err
 	}
 	call.c.send(frame)
+
+	tcode := traceCode(outcome, code)
+	s.metrics.hopInvoke.Observe(time.Since(call.audit.Time).Seconds())
+	telemetry.EndSpan(call.span, tcode, failure)
+	s.metrics.invokes.WithLabelValues(telemetry.LabelGateway, telemetry.CommandLabel(call.inv.Command), telemetry.OutcomeOf(tcode)).Inc()
+}
+
+// traceCode is the error code a call's span and metrics record: "" for
+// success, telemetry.CodeDenied for a policy denial, TIMEOUT for a deadline,
+// else the call's most specific error code.
+func traceCode(outcome, code string) string {
+	switch outcome {
+	case OutcomeOK:
+		return ""
+	case OutcomeDenied:
+		return telemetry.CodeDenied
+	case OutcomeTimeout:
+		return wire.FaultTimeout
+	}
+	if code == "" {
+		return wire.FaultUnavailable
+	}
+	return code
 }
 
 // errorCode is the most specific code of an error: the node's error code,
