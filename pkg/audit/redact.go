@@ -141,18 +141,20 @@ func (c *redactor) mayHold(raw []byte) bool {
 }
 
 // walk masks the values of sensitive keys at any depth and replaces NULs in
-// strings (PostgreSQL's jsonb refuses \u0000).
+// keys and strings (PostgreSQL's jsonb refuses \u0000).
 func (c *redactor) walk(v any, extra map[string]bool) any {
 	switch x := v.(type) {
 	case map[string]any:
+		out := make(map[string]any, len(x))
 		for k, val := range x {
+			clean := strings.ReplaceAll(k, "\x00", "\uFFFD")
 			if c.sensitive(k, extra) {
-				x[k] = redactedValue
+				out[clean] = redactedValue
 				continue
 			}
-			x[k] = c.walk(val, extra)
+			out[clean] = c.walk(val, extra)
 		}
-		return x
+		return out
 	case []any:
 		for i := range x {
 			x[i] = c.walk(x[i], extra)
