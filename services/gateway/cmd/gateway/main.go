@@ -8,7 +8,6 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
-	"net/http"
 	"os"
 	"os/signal"
 	"strings"
@@ -16,8 +15,11 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"go.opentelemetry.io/otel"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/access"
+	"github.com/xiaoclaw/xiaoclaw/pkg/telemetry"
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
 	"github.com/xiaoclaw/xiaoclaw/services/gateway"
 )
@@ -53,7 +55,7 @@ func run(args []string) error {
 	fs := flag.NewFlagSet("gateway", flag.ContinueOnError)
 	natsURL := fs.String("nats-url", env("NATS_URL", nats.DefaultURL), "NATS server URL (env XIAOCLAW_NATS_URL)")
 	addr := fs.String("addr", env("ADDR", "127.0.0.1:18789"), "WebSocket listen address (env XIAOCLAW_ADDR)")
-	opsAddr := fs.String("ops-addr", env("OPS_ADDR", ":9090"), "ops listen address for /healthz and /readyz (env XIAOCLAW_OPS_ADDR)")
+	opsAddr := fs.String("ops-addr", env("OPS_ADDR", ":9090"), "ops listen address for /healthz, /readyz, /metrics and /debug/loglevel (env XIAOCLAW_OPS_ADDR)")
 	instance := fs.String("instance", env("INSTANCE", host), "replica name, stable across restarts (env XIAOCLAW_INSTANCE)")
 	logLevel := fs.String("log-level", env("LOG_LEVEL", "info"), "debug, info, warn or error (env XIAOCLAW_LOG_LEVEL)")
 	logFormat := fs.String("log-format", env("LOG_FORMAT", "json"), "json or text (env XIAOCLAW_LOG_FORMAT)")
@@ -70,9 +72,13 @@ func run(args []string) error {
 		}
 	}
 
-	log, err := newLogger(*logLevel, *logFormat)
+	var level slog.LevelVar
+	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
+		return fmt.Errorf("--log-level: %w", err)
+	}
+	log, err := telemetry.NewLogger(os.Stderr, *logFormat, &level)
 	if err != nil {
-		return err
+		return fmt.Errorf("--log-format: %w", err)
 	}
 	auth, err := parseTokens(tokens)
 	if err != nil {
@@ -82,14 +88,38 @@ func run(args []string) error {
 		return errors.New("no operator token: pass --operator-token TENANT=TOKEN")
 	}
 
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+
+	tp, err := telemetry.NewTracerProvider(ctx, telemetry.ServiceGateway, telemetry.Config{
+		Env: os.Getenv, Instance: *instance, Version: version, ConsoleWriter: os.Stdout,
+	})
+	if err != nil {
+		return err
+	}
+	// Flushes the spans still queued, after everything else has stopped.
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := tp.Shutdown(sctx); err != nil {
+			log.Warn("tracer shutdown", "err", err)
+		}
+	}()
+	otel.SetErrorHandler(telemetry.ErrorHandler(log, time.Minute))
+	log.Info("tracing", "config", tp.String())
+
 	nc, err := nats.Connect(*natsURL, nats.Name("xiaoclaw-gateway "+*instance), nats.MaxReconnects(-1),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { log.Warn("NATS disconnected", "err", err) }),
-		nats.ReconnectHandler(func(c *nats.Conn) { log.Info("NATS reconnected", "url", c.ConnectedUrl()) }))
+		nats.ReconnectHandler(func(c *nats.Conn) { log.Info("NATS reconnected", "url", c.ConnectedUrlRedacted()) }))
 	if err != nil {
 		return fmt.Errorf("connect NATS %s: %w", *natsURL, err)
 	}
 	defer nc.Close()
 
+	reg := telemetry.NewRegistry()
+	if err := telemetry.RegisterNATSConnected(reg, telemetry.LabelGateway, nc); err != nil {
+		return err
+	}
 	svc, err := gateway.New(gateway.Config{
 		Addr:             *addr,
 		Instance:         *instance,
@@ -97,37 +127,29 @@ func run(args []string) error {
 		Auth:             auth,
 		HandshakeTimeout: *handshake,
 		MaxInvokeTimeout: *maxInvoke,
+		TracerProvider:   tp,
+		Registerer:       reg,
 	}, nc, log)
 	if err != nil {
 		return err
 	}
+	ops, err := telemetry.NewOpsServer(telemetry.OpsConfig{
+		Addr: *opsAddr, Gatherer: reg, LogLevel: &level,
+		Checks: []telemetry.Check{
+			telemetry.NATSCheck(nc),
+			// Started, not draining (and connected).
+			{Name: "gateway", Run: func(context.Context) error { return svc.CheckReady() }},
+		},
+	}, log)
+	if err != nil {
+		return err
+	}
 
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
-
-	ops := &http.Server{Addr: *opsAddr, Handler: opsHandler(svc), ReadHeaderTimeout: 5 * time.Second}
-	go func() {
-		if err := ops.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			log.Error("ops server", "err", err)
-		}
-	}()
-	defer ops.Close()
-
-	log.Info("gateway starting", "version", version, "addr", svc.Addr(), "ops", *opsAddr, "nats", *natsURL)
-	return svc.Run(ctx)
-}
-
-func opsHandler(svc *gateway.Service) http.Handler {
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if err := svc.CheckReady(); err != nil {
-			http.Error(w, err.Error(), http.StatusServiceUnavailable)
-			return
-		}
-		_, _ = w.Write([]byte("ready\n"))
-	})
-	return mux
+	log.Info("gateway starting", "version", version, "addr", svc.Addr(), "ops", *opsAddr, "nats", nc.ConnectedUrlRedacted())
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return ops.Run(gctx) })
+	g.Go(func() error { return svc.Run(gctx) })
+	return g.Wait()
 }
 
 // parseTokens reads TENANT=TOKEN and TENANT:ROLE=TOKEN entries.
@@ -160,19 +182,4 @@ func parseTokens(entries []string) (access.StaticTokens, error) {
 		out[token] = access.Principal{Tenant: tenant, ID: "static:" + tenant + ":" + role, Name: "static " + role + " token of " + tenant, Role: role}
 	}
 	return out, nil
-}
-
-func newLogger(level, format string) (*slog.Logger, error) {
-	var lv slog.Level
-	if err := lv.UnmarshalText([]byte(level)); err != nil {
-		return nil, fmt.Errorf("--log-level: %w", err)
-	}
-	opts := &slog.HandlerOptions{Level: lv}
-	switch format {
-	case "json":
-		return slog.New(slog.NewJSONHandler(os.Stderr, opts)), nil
-	case "text":
-		return slog.New(slog.NewTextHandler(os.Stderr, opts)), nil
-	}
-	return nil, fmt.Errorf("--log-format %q: want json or text", format)
 }
