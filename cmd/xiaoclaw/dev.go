@@ -21,18 +21,19 @@ import (
 )
 
 type devFlags struct {
-	deviceAddr    string
-	gatewayAddr   string
-	mqttAddr      string
-	natsListen    string
-	natsURL       string
-	dataDir       string
-	deviceToken   string
-	operatorToken string
-	adminToken    string
-	databaseURL   string
-	logLevel      string
-	logFormat     string
+	deviceAddr     string
+	gatewayAddr    string
+	mqttAddr       string
+	noAutoActivate bool
+	natsListen     string
+	natsURL        string
+	dataDir        string
+	deviceToken    string
+	operatorToken  string
+	adminToken     string
+	databaseURL    string
+	logLevel       string
+	logFormat      string
 }
 
 // devCredentials persist in the data directory so a restart keeps the
@@ -60,7 +61,8 @@ Ctrl-C (SIGINT) or SIGTERM shuts down gracefully.`,
 	fl := cmd.Flags()
 	fl.StringVar(&f.deviceAddr, "device-addr", "127.0.0.1:8000", "device endpoint: XiaoZhi WebSocket /xiaozhi/v1/")
 	fl.StringVar(&f.gatewayAddr, "gateway-addr", "127.0.0.1:18789", "operator endpoint: OpenClaw gateway protocol")
-	fl.StringVar(&f.mqttAddr, "mqtt-addr", "", "MQTT device endpoint (not available yet; accepted and ignored)")
+	fl.StringVar(&f.mqttAddr, "mqtt-addr", "127.0.0.1:1884", "MQTT device endpoint (embedded broker; empty: no MQTT)")
+	fl.BoolVar(&f.noAutoActivate, "no-auto-activate", false, "do not bind new OTA devices to the dev tenant; bind their codes with xiaoclaw device activate")
 	fl.StringVar(&f.natsListen, "nats-listen", "127.0.0.1:0", "client address of the embedded NATS server")
 	fl.StringVar(&f.natsURL, "nats-url", env("XIAOCLAW_NATS_URL"), "use this NATS server instead of the embedded one (env XIAOCLAW_NATS_URL)")
 	fl.StringVar(&f.dataDir, "data-dir", defaultDataDir(env), "state directory (JetStream store, generated credentials)")
@@ -146,11 +148,6 @@ func runDev(ctx context.Context, f *devFlags, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	for flag, v := range map[string]string{"--mqtt-addr": f.mqttAddr} {
-		if v != "" {
-			log.Warn("flag accepted but not used by this version", "flag", flag)
-		}
-	}
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	st, err := devstack.Start(ctx, devstack.Config{
@@ -158,6 +155,8 @@ func runDev(ctx context.Context, f *devFlags, stdout io.Writer) error {
 		NATSURL:       f.natsURL,
 		NATSListen:    f.natsListen,
 		DeviceAddr:    f.deviceAddr,
+		MQTTAddr:      f.mqttAddr,
+		AutoActivate:  !f.noAutoActivate,
 		GatewayAddr:   f.gatewayAddr,
 		DeviceToken:   creds.DeviceToken,
 		OperatorToken: creds.OperatorToken,
@@ -183,6 +182,10 @@ func printBanner(w io.Writer, st *devstack.Stack, c devCredentials, dataDir stri
 	fmt.Fprintf(&b, "             operator token: %s\n", c.OperatorToken)
 	fmt.Fprintf(&b, "  devices    %s\n", st.DeviceURL(0))
 	fmt.Fprintf(&b, "             device token:   %s\n", c.DeviceToken)
+	fmt.Fprintf(&b, "  OTA        %s\n", st.OTAURL(0))
+	if addr := st.Hubs[0].MQTTAddr(); addr != "" {
+		fmt.Fprintf(&b, "  MQTT       %s (credentials from OTA)\n", addr)
+	}
 	fmt.Fprintf(&b, "  admin API  http://%s/api/   admin token: %s\n", st.Gateways[0].Addr(), c.AdminToken)
 	fmt.Fprintf(&b, "  nats       %s\n\n", st.NATSURL())
 	fmt.Fprintf(&b, "Try, in another terminal:\n")

@@ -35,15 +35,19 @@ Device MACs are 02:SS:II:II:II:II (SS = --seed, II = index), so node ids are sta
 			if err != nil {
 				return err
 			}
-			if fc.Device.Token == "" {
-				return &exitError{exitUsage, fmt.Errorf("no device token: pass --token or set XIAOCLAW_DEVICE_TOKEN (xiaoclaw dev prints one)")}
+			if fc.Device.Token == "" && fc.Device.OTAURL == "" {
+				return &exitError{exitUsage, fmt.Errorf("no device token: pass --token or set XIAOCLAW_DEVICE_TOKEN (xiaoclaw dev prints one), or boot through --ota")}
 			}
 			if fc.Count < 1 {
 				return &exitError{exitUsage, fmt.Errorf("--count must be at least 1")}
 			}
 			fc.Seed = uint32(seed)
 			shown := min(fc.Count, 5)
-			fmt.Fprintf(stdout, "simulating %d devices on %s; node ids:", fc.Count, fc.Device.URL)
+			where := fc.Device.URL
+			if fc.Device.OTAURL != "" {
+				where = "OTA " + fc.Device.OTAURL
+			}
+			fmt.Fprintf(stdout, "simulating %d devices via %s; node ids:", fc.Count, where)
 			for i := range shown {
 				dev, _ := wire.CanonicalDevice(xzsim.MAC(fc.Seed, i))
 				fmt.Fprintf(stdout, " %s", wire.DeviceNodeID(dev))
@@ -60,6 +64,7 @@ Device MACs are 02:SS:II:II:II:II (SS = --seed, II = index), so node ids are sta
 	fl := cmd.Flags()
 	fl.StringVar(&fc.Device.URL, "url", envOr(env, "XIAOCLAW_DEVICE_URL", "ws://127.0.0.1:8000/xiaozhi/v1/"), "devicehub WebSocket URL (env XIAOCLAW_DEVICE_URL)")
 	fl.StringVar(&fc.Device.Token, "token", env("XIAOCLAW_DEVICE_TOKEN"), "device token (env XIAOCLAW_DEVICE_TOKEN)")
+	fl.StringVar(&fc.Device.OTAURL, "ota", "", "boot through this OTA URL like the firmware (e.g. http://127.0.0.1:8000/xiaozhi/ota/); the reply picks WebSocket or MQTT and the credentials")
 	fl.IntVar(&fc.Count, "count", 1, "number of devices")
 	fl.UintVar(&seed, "seed", 0, "identity seed (0-255): fleets with different seeds never share a MAC")
 	fl.IntVar(&fc.Device.ExtraTools, "tools", 0, "extra board tools per device (about 25 fit a tools/list page)")

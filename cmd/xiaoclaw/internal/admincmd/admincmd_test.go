@@ -142,10 +142,20 @@ func TestCLIWorkflow(t *testing.T) {
 	}
 	secret2 := lastLine(run(admin, "device-key", "rotate", "--tenant", "acme", "--overlap", "2h"))
 	keys, _ = store.DeviceKeys(ctx, "acme")
-	if len(keys) != 2 || keys[1].Secret != secret2 || keys[0].RetireAt.IsZero() {
+	// Both keys may carry the same creation millisecond: find them by secret.
+	var oldKey, newKey *tenancy.DeviceKey
+	for i := range keys {
+		switch keys[i].Secret {
+		case secret:
+			oldKey = &keys[i]
+		case secret2:
+			newKey = &keys[i]
+		}
+	}
+	if len(keys) != 2 || oldKey == nil || newKey == nil || oldKey.RetireAt.IsZero() || !newKey.RetireAt.IsZero() {
 		t.Fatalf("after rotate: %+v", keys)
 	}
-	if out := run(admin, "device-key", "list", "--tenant", "acme"); strings.Contains(out, secret) || !strings.Contains(out, keys[0].ID) {
+	if out := run(admin, "device-key", "list", "--tenant", "acme"); strings.Contains(out, secret) || !strings.Contains(out, oldKey.ID) {
 		t.Fatalf("device-key list: %s", out)
 	}
 

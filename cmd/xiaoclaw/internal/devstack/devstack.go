@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/natsembed"
 	"github.com/xiaoclaw/xiaoclaw/pkg/tenancy"
@@ -38,8 +39,14 @@ type Config struct {
 	// empty listens on a random loopback port.
 	NATSListen string
 
-	DeviceAddr  string // first hub; further hubs get random ports
-	GatewayAddr string // first gateway; further gateways get random ports
+	DeviceAddr string // first hub; further hubs get random ports
+	// MQTTAddr runs the first hub's MQTT broker there ("host:0": a free
+	// port); empty: no MQTT. Further hubs get a free port when it is set.
+	MQTTAddr string
+	// AutoActivate binds every new device that boots through OTA to the dev
+	// tenant; when false an operator binds its activation code.
+	AutoActivate bool
+	GatewayAddr  string // first gateway; further gateways get random ports
 
 	// DeviceToken and OperatorToken are the dev tenant's static credentials;
 	// AdminToken, when set, is the admin API's global admin token.
@@ -91,7 +98,9 @@ type Stack struct {
 	// Tenancy is the tenants, credentials and policy store shared by all
 	// replicas (each would open its own in production).
 	Tenancy *Tenancy
-	tenNC   *nats.Conn
+	// Activations are the devices' activation codes, shared by the hubs.
+	Activations devicehub.Activations
+	tenNC       *nats.Conn
 	// Components in start order; Close stops them in reverse.
 	Components []*Component
 	mu         sync.Mutex
@@ -153,6 +162,15 @@ func Start(ctx context.Context, cfg Config) (*Stack, error) {
 		s.Close()
 		return nil, err
 	}
+	js, err := jetstream.New(tnc)
+	if err != nil {
+		s.Close()
+		return nil, err
+	}
+	if s.Activations, err = devicehub.NewKVActivations(ctx, js, devicehub.ActivationsConfig{}); err != nil {
+		s.Close()
+		return nil, fmt.Errorf("activations: %w", err)
+	}
 	// Shims first so they see the hubs' first online events; gateways last.
 	for i := range cfg.Shims {
 		if _, err := s.AddShim(fmt.Sprintf("shim-%d", i+1)); err != nil {
@@ -161,11 +179,17 @@ func Start(ctx context.Context, cfg Config) (*Stack, error) {
 		}
 	}
 	for i := range cfg.Hubs {
-		addr := "127.0.0.1:0"
+		addr, mqtt := "127.0.0.1:0", ""
 		if i == 0 && cfg.DeviceAddr != "" {
 			addr = cfg.DeviceAddr
 		}
-		if _, err := s.AddHub(fmt.Sprintf("hub-%d", i+1), addr); err != nil {
+		if cfg.MQTTAddr != "" {
+			mqtt = "127.0.0.1:0"
+			if i == 0 {
+				mqtt = cfg.MQTTAddr
+			}
+		}
+		if _, err := s.AddHub(fmt.Sprintf("hub-%d", i+1), addr, mqtt); err != nil {
 			s.Close()
 			return nil, err
 		}
@@ -224,8 +248,9 @@ func (s *Stack) start(name string, nc *nats.Conn, svc runner) (*Component, error
 	return c, nil
 }
 
-// AddHub starts another devicehub replica listening on addr.
-func (s *Stack) AddHub(name, addr string) (*Component, error) {
+// AddHub starts another devicehub replica listening on addr for WebSocket
+// and OTA, and on mqttAddr for MQTT unless it is empty.
+func (s *Stack) AddHub(name, addr, mqttAddr string) (*Component, error) {
 	nc, err := s.connect(name)
 	if err != nil {
 		return nil, err
@@ -233,7 +258,15 @@ func (s *Stack) AddHub(name, addr string) (*Component, error) {
 	cfg := devicehub.Config{
 		Instance:   name,
 		DeviceAddr: addr,
+		MQTTAddr:   mqttAddr,
 		Auth:       s.Tenancy.DeviceAuth,
+		OTA: devicehub.OTAConfig{
+			Credentials: s.Tenancy.DeviceMinter,
+			Activations: s.Activations,
+		},
+	}
+	if s.cfg.AutoActivate {
+		cfg.OTA.AutoActivateTenant = DevTenant
 	}
 	if s.cfg.TuneHub != nil {
 		s.cfg.TuneHub(&cfg)
@@ -319,6 +352,11 @@ func (s *Stack) Component(name string) *Component {
 		}
 	}
 	return nil
+}
+
+// OTAURL is the OTA endpoint of the i-th hub.
+func (s *Stack) OTAURL(i int) string {
+	return "http://" + s.Hubs[i].DeviceAddr() + "/xiaozhi/ota/"
 }
 
 // DeviceURL is the XiaoZhi WebSocket URL of the i-th hub.

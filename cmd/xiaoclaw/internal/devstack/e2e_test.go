@@ -369,3 +369,23 @@ func TestGatewayReplicasShareNodes(t *testing.T) {
 		}
 	}
 }
+
+// A device boots like the firmware: OTA hands out MQTT credentials, the
+// device connects to the embedded broker (never subscribing), and its tools
+// are callable through the gateway.
+func TestMQTTDeviceThroughOTA(t *testing.T) {
+	st := startStack(t, Config{MQTTAddr: "127.0.0.1:0", AutoActivate: true})
+	devs := connectDevices(t, st, 0, 1, 11, func(c *xzsim.Config) { c.OTAURL = st.OTAURL(0) })
+	d := devs[0]
+	if d.Transport() != xzsim.TransportMQTT {
+		t.Fatalf("device booted over %q, want mqtt (the OTA reply offers it)", d.Transport())
+	}
+	op := operator(t, st.GatewayURL(0))
+	waitNodes(t, op, true, nodeID(d))
+	if _, err := callTool(context.Background(), op, nodeID(d), "self.audio_speaker.set_volume", map[string]int{"volume": 55}, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if d.Volume() != 55 {
+		t.Fatalf("volume %d", d.Volume())
+	}
+}

@@ -14,6 +14,7 @@ import (
 	"github.com/xiaoclaw/xiaoclaw/pkg/deviceauth"
 	"github.com/xiaoclaw/xiaoclaw/pkg/policy"
 	"github.com/xiaoclaw/xiaoclaw/pkg/tenancy"
+	"github.com/xiaoclaw/xiaoclaw/services/devicehub"
 	"github.com/xiaoclaw/xiaoclaw/services/gateway/adminapi"
 )
 
@@ -29,6 +30,9 @@ type Tenancy struct {
 
 	OperatorAuth access.Authenticator     // static dev token, then the store
 	DeviceAuth   deviceauth.Authenticator // static dev token, then the store
+	// DeviceMinter mints the credentials OTA hands out: from the static dev
+	// token for the dev tenant, from the tenant's device keys otherwise.
+	DeviceMinter devicehub.CredentialMinter
 	AdminAPI     http.Handler
 }
 
@@ -72,7 +76,9 @@ func openTenancy(ctx context.Context, cfg Config, nc *nats.Conn, log *slog.Logge
 		return fail(err)
 	}
 	t.OperatorAuth = tenancy.OperatorChain{access.StaticTokens{cfg.OperatorToken: devOperator}, t.Operator}
-	t.DeviceAuth = tenancy.DeviceChain{deviceauth.StaticTokens{cfg.DeviceToken: DevTenant}, t.Devices}
+	devCreds := devicehub.StaticCredentials{Token: cfg.DeviceToken, Tenant: DevTenant}
+	t.DeviceAuth = tenancy.DeviceChain{devCreds, t.Devices}
+	t.DeviceMinter = minterByTenant{dev: devCreds, other: t.Devices}
 	var admins []string
 	if cfg.AdminToken != "" {
 		admins = []string{cfg.AdminToken}
@@ -82,6 +88,28 @@ func openTenancy(ctx context.Context, cfg Config, nc *nats.Conn, log *slog.Logge
 		return fail(err)
 	}
 	return t, nil
+}
+
+// minterByTenant mints the dev tenant's credentials from its static token
+// and every other tenant's from its device keys.
+type minterByTenant struct {
+	dev   devicehub.StaticCredentials
+	other devicehub.CredentialMinter
+}
+
+func (m minterByTenant) pick(tenant string) devicehub.CredentialMinter {
+	if tenant == m.dev.Tenant {
+		return m.dev
+	}
+	return m.other
+}
+
+func (m minterByTenant) MintDeviceToken(ctx context.Context, tenant, clientID, deviceID string) (string, error) {
+	return m.pick(tenant).MintDeviceToken(ctx, tenant, clientID, deviceID)
+}
+
+func (m minterByTenant) MintMQTTCredentials(ctx context.Context, tenant, clientID string) (string, string, error) {
+	return m.pick(tenant).MintMQTTCredentials(ctx, tenant, clientID)
 }
 
 // devOperator is the principal of the dev tenant's static operator token:
