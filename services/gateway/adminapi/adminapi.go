@@ -43,6 +43,9 @@ type Config struct {
 	// AdminTokens are global admin bearer tokens; empty means tenant
 	// management (create, suspend, resume, list all) is not reachable.
 	AdminTokens []string
+	// Activator binds a device's activation code (shown on its screen) to
+	// a tenant; nil answers 404 on the activation endpoint.
+	Activator Activator
 	// MaxBodyBytes caps a request body; 0 means 1 MiB.
 	MaxBodyBytes int64
 	Log          *slog.Logger
@@ -103,6 +106,7 @@ func New(cfg Config) (http.Handler, error) {
 			r.Post("/policy/rules", a.handle(a.addRule))
 			r.Delete("/policy/rules/{rule}", a.handle(a.removeRule))
 			r.Post("/policy/explain", a.handle(a.explain))
+			r.Post("/activations", a.handle(a.activate))
 		})
 	})
 	return r, nil

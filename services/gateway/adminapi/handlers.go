@@ -1,6 +1,7 @@
 package adminapi
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -363,4 +364,41 @@ func (a *api) explain(r *http.Request) (int, any, error) {
 	}
 	return http.StatusOK, ExplainResponse{Allowed: ex.Allowed, RuleID: ex.RuleID, Reason: ex.Reason,
 		Default: ex.Default, Matched: ex.Matched}, nil
+}
+
+// Activator binds activation codes; the devicehub's shared activation store
+// implements it through a small adapter.
+type Activator interface {
+	// Activate binds code to tenant and returns the device id it belongs
+	// to; an unknown or expired code is tenancy.ErrNotFound.
+	Activate(ctx context.Context, code, tenant string) (device string, err error)
+}
+
+// ActivateRequest binds an activation code.
+type ActivateRequest struct {
+	Code string `json:"code"`
+}
+
+// ActivateResponse names the device the code belonged to.
+type ActivateResponse struct {
+	Tenant string `json:"tenant"`
+	Device string `json:"device"`
+}
+
+func (a *api) activate(r *http.Request) (int, any, error) {
+	if a.cfg.Activator == nil {
+		return 0, nil, &apiError{http.StatusNotFound, codeNotFound, "device activation is not available on this server"}
+	}
+	var req ActivateRequest
+	if err := a.decode(r, &req); err != nil {
+		return 0, nil, err
+	}
+	if len(req.Code) != 6 || strings.Trim(req.Code, "0123456789") != "" {
+		return 0, nil, invalid("code must be the 6 digits the device shows")
+	}
+	dev, err := a.cfg.Activator.Activate(r.Context(), req.Code, tenantParam(r))
+	if err != nil {
+		return 0, nil, err
+	}
+	return http.StatusOK, ActivateResponse{Tenant: tenantParam(r), Device: dev}, nil
 }

@@ -34,7 +34,7 @@ func Commands() []*cobra.Command { return CommandsWithEnv(os.Getenv) }
 func CommandsWithEnv(env func(string) string) []*cobra.Command {
 	return []*cobra.Command{
 		tenantCommand(env), tokenCommand(env), deviceKeyCommand(env),
-		allowlistCommand(env), groupCommand(env), policyCommand(env),
+		allowlistCommand(env), groupCommand(env), policyCommand(env), deviceCommand(env),
 	}
 }
 
@@ -474,5 +474,21 @@ func policyCommand(env func(string) string) *cobra.Command {
 		_ = explain.MarkFlagRequired(n)
 	}
 	cmd.AddCommand(add, list, remove, explain)
+	return cmd
+}
+
+func deviceCommand(env func(string) string) *cobra.Command {
+	cmd, c := parent(env, "device", "Bind devices to tenants")
+	var tenant string
+	activate := leaf("activate CODE", "Bind the device showing the 6-digit activation CODE to --tenant", cobra.ExactArgs(1), func(cmd *cobra.Command, args []string) error {
+		var res adminapi.ActivateResponse
+		return c.run(cmd, "POST", "/api/tenants/"+seg(tenant)+"/activations", adminapi.ActivateRequest{Code: args[0]}, &res,
+			func(w io.Writer) error {
+				_, err := fmt.Fprintf(w, "device %s activated in tenant %s\n", res.Device, res.Tenant)
+				return err
+			})
+	})
+	requireTenant(activate, &tenant)
+	cmd.AddCommand(activate)
 	return cmd
 }

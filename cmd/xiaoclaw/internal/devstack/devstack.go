@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"os"
 	"path/filepath"
 	"sync"
@@ -17,6 +18,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/natsembed"
 	"github.com/xiaoclaw/xiaoclaw/pkg/tenancy"
@@ -59,6 +62,18 @@ type Config struct {
 
 	Hubs, Shims, Gateways int // replicas; default 1 each
 
+	// One tracer provider per service, so every span says which service it
+	// comes from (telemetry.NewTracerProvider with SharedProcess); nil: no
+	// tracing for that service.
+	GatewayTracerProvider, ShimTracerProvider, HubTracerProvider trace.TracerProvider
+	// Registerer receives the metrics of every replica (they tell
+	// themselves apart by the service label); nil: each replica keeps its
+	// own private registry.
+	Registerer prometheus.Registerer
+	// Ops, when set, is mounted by every gateway on its HTTP port for
+	// /healthz, /readyz, /metrics and /debug/loglevel.
+	Ops http.Handler
+
 	// Tune lets tests and benchmarks adjust each service's config.
 	TuneHub     func(*devicehub.Config)
 	TuneShim    func(*shim.Config)
@@ -74,7 +89,14 @@ type Component struct {
 	done   chan struct{}
 	err    error
 	nc     *nats.Conn
+	ready  <-chan struct{}
 }
+
+// NATS is the replica's own NATS connection.
+func (c *Component) NATS() *nats.Conn { return c.nc }
+
+// Ready is closed once the replica serves.
+func (c *Component) Ready() <-chan struct{} { return c.ready }
 
 // Stop stops the replica gracefully and waits for it.
 func (c *Component) Stop() error {
@@ -158,10 +180,6 @@ func Start(ctx context.Context, cfg Config) (*Stack, error) {
 		return nil, err
 	}
 	s.tenNC = tnc
-	if s.Tenancy, err = openTenancy(ctx, cfg, tnc, cfg.Log); err != nil {
-		s.Close()
-		return nil, err
-	}
 	js, err := jetstream.New(tnc)
 	if err != nil {
 		s.Close()
@@ -170,6 +188,10 @@ func Start(ctx context.Context, cfg Config) (*Stack, error) {
 	if s.Activations, err = devicehub.NewKVActivations(ctx, js, devicehub.ActivationsConfig{}); err != nil {
 		s.Close()
 		return nil, fmt.Errorf("activations: %w", err)
+	}
+	if s.Tenancy, err = openTenancy(ctx, cfg, tnc, s.Activations, cfg.Log); err != nil {
+		s.Close()
+		return nil, err
 	}
 	// Shims first so they see the hubs' first online events; gateways last.
 	for i := range cfg.Shims {
@@ -228,7 +250,7 @@ type runner interface {
 // start runs svc until its component is stopped and waits for readiness.
 func (s *Stack) start(name string, nc *nats.Conn, svc runner) (*Component, error) {
 	ctx, cancel := context.WithCancel(s.ctx)
-	c := &Component{Name: name, cancel: cancel, done: make(chan struct{}), nc: nc}
+	c := &Component{Name: name, cancel: cancel, done: make(chan struct{}), nc: nc, ready: svc.Ready()}
 	go func() {
 		defer close(c.done)
 		c.err = svc.Run(ctx)
@@ -264,6 +286,8 @@ func (s *Stack) AddHub(name, addr, mqttAddr string) (*Component, error) {
 			Credentials: s.Tenancy.DeviceMinter,
 			Activations: s.Activations,
 		},
+		TracerProvider: s.cfg.HubTracerProvider,
+		Registerer:     s.cfg.Registerer,
 	}
 	if s.cfg.AutoActivate {
 		cfg.OTA.AutoActivateTenant = DevTenant
@@ -292,7 +316,7 @@ func (s *Stack) AddShim(name string) (*Component, error) {
 	if err != nil {
 		return nil, err
 	}
-	cfg := shim.Config{Instance: name}
+	cfg := shim.Config{Instance: name, TracerProvider: s.cfg.ShimTracerProvider, Registerer: s.cfg.Registerer}
 	if s.cfg.TuneShim != nil {
 		s.cfg.TuneShim(&cfg)
 	}
@@ -323,6 +347,10 @@ func (s *Stack) AddGateway(name, addr string) (*Component, error) {
 		Auth:       s.Tenancy.OperatorAuth,
 		Authorizer: s.Tenancy.Policy,
 		AdminAPI:   s.Tenancy.AdminAPI,
+
+		Ops:            s.cfg.Ops,
+		TracerProvider: s.cfg.GatewayTracerProvider,
+		Registerer:     s.cfg.Registerer,
 	}
 	if s.cfg.TuneGateway != nil {
 		s.cfg.TuneGateway(&cfg)
