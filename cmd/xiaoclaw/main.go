@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/xiaoclaw/xiaoclaw/cmd/xiaoclaw/internal/admincmd"
+	"github.com/xiaoclaw/xiaoclaw/cmd/xiaoclaw/internal/auditcmd"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -49,6 +50,6 @@ func newRoot(env func(string) string, stdout io.Writer) *cobra.Command {
 	root.AddCommand(operatorCommands(env, stdout)...)
 	root.AddCommand(loadCommand(env, stdout), devCommand(env, stdout), simCommand(env, stdout))
 	root.AddCommand(admincmd.CommandsWithEnv(env)...)
-	root.AddCommand(migrateCommand(env, stdout))
+	root.AddCommand(migrateCommand(env, stdout), auditcmd.CommandWithEnv(env))
 	return root
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/xiaoclaw/xiaoclaw/pkg/audit"
 	"github.com/xiaoclaw/xiaoclaw/pkg/natsembed"
 	"github.com/xiaoclaw/xiaoclaw/pkg/tenancy"
 	"github.com/xiaoclaw/xiaoclaw/services/devicehub"
@@ -122,7 +123,9 @@ type Stack struct {
 	Tenancy *Tenancy
 	// Activations are the devices' activation codes, shared by the hubs.
 	Activations devicehub.Activations
-	tenNC       *nats.Conn
+	// Audit is the audit trail; its writer and collector run as components.
+	Audit *Audit
+	tenNC *nats.Conn
 	// Components in start order; Close stops them in reverse.
 	Components []*Component
 	mu         sync.Mutex
@@ -190,6 +193,14 @@ func Start(ctx context.Context, cfg Config) (*Stack, error) {
 		return nil, fmt.Errorf("activations: %w", err)
 	}
 	if s.Tenancy, err = openTenancy(ctx, cfg, tnc, s.Activations, cfg.Log); err != nil {
+		s.Close()
+		return nil, err
+	}
+	if s.Audit, err = openAudit(ctx, cfg, tnc, s.Tenancy, cfg.Log); err != nil {
+		s.Close()
+		return nil, err
+	}
+	if err := s.startAuditWorkers(); err != nil {
 		s.Close()
 		return nil, err
 	}
@@ -346,7 +357,8 @@ func (s *Stack) AddGateway(name, addr string) (*Component, error) {
 		Instance:   name,
 		Auth:       s.Tenancy.OperatorAuth,
 		Authorizer: s.Tenancy.Policy,
-		AdminAPI:   s.Tenancy.AdminAPI,
+		Auditor:    s.Audit.Auditor(),
+		AdminAPI:   adminRoutes(s.Tenancy.AdminAPI, s.Audit.API),
 
 		Ops:            s.cfg.Ops,
 		TracerProvider: s.cfg.GatewayTracerProvider,
@@ -368,6 +380,34 @@ func (s *Stack) AddGateway(name, addr string) (*Component, error) {
 	s.Gateways = append(s.Gateways, svc)
 	s.mu.Unlock()
 	return c, nil
+}
+
+// startAuditWorkers runs the audit writer (stream → store) and the collector
+// (device sessions and tenancy changes → stream), each on its own connection.
+func (s *Stack) startAuditWorkers() error {
+	nc, err := s.connect("audit-writer")
+	if err != nil {
+		return err
+	}
+	w, err := audit.NewWriter(nc, s.Audit.Store, audit.WriterConfig{}, s.cfg.Log)
+	if err != nil {
+		nc.Close()
+		return err
+	}
+	if _, err := s.start("audit-writer", nc, readyAtOnce(w.Run)); err != nil {
+		return err
+	}
+	cnc, err := s.connect("audit-collector")
+	if err != nil {
+		return err
+	}
+	col, err := audit.NewCollector(cnc, s.Audit.Publisher, s.cfg.Log)
+	if err != nil {
+		cnc.Close()
+		return err
+	}
+	_, err = s.start("audit-collector", cnc, readyAtOnce(col.Run))
+	return err
 }
 
 // Component returns the running component with that name, or nil.
@@ -407,6 +447,9 @@ func (s *Stack) Close() {
 		default:
 			_ = comps[i].Stop()
 		}
+	}
+	if s.Audit != nil {
+		s.Audit.close()
 	}
 	if s.Tenancy != nil {
 		s.Tenancy.Store.Close()
