@@ -16,11 +16,13 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/deviceauth"
 	"github.com/xiaoclaw/xiaoclaw/pkg/telemetry"
+	"github.com/xiaoclaw/xiaoclaw/pkg/tenancy"
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
 	"github.com/xiaoclaw/xiaoclaw/services/devicehub"
 )
@@ -71,6 +73,12 @@ func run(args []string) error {
 	idleTimeout := fs.Duration("idle-timeout", devicehub.DefaultIdleTimeout, "close a session after this long without frames from the device")
 	withUserTools := fs.Bool("with-user-tools", false, "list the devices' user-only tools too")
 	instance := fs.String("instance", host, "name of this replica in events and logs")
+	databaseURL := fs.String("database-url", "", "Postgres URL of the tenancy store: per-tenant HMAC device keys for authentication and OTA")
+	mqttAddr := fs.String("mqtt-addr", "", "listen address of the embedded MQTT broker for XiaoZhi MQTT devices (empty: no MQTT)")
+	publicURL := fs.String("public-url", "", "WebSocket URL OTA hands to devices (default: ws://<request host>/xiaozhi/v1/)")
+	mqttEndpoint := fs.String("mqtt-endpoint", "", "MQTT host:port OTA hands to devices (default: the request host with --mqtt-addr's port)")
+	udpHost := fs.String("udp-public-host", "", "UDP audio host announced in MQTT hellos (default: the listen host)")
+	autoActivate := fs.String("auto-activate-tenant", "", "bind every new OTA device to this tenant (empty: operators bind activation codes)")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	logFormat := fs.String("log-format", "json", "json or text")
 	if err := fs.Parse(args); err != nil {
@@ -93,8 +101,8 @@ func run(args []string) error {
 	if err != nil {
 		return err
 	}
-	if len(auth) == 0 {
-		return errors.New("at least one --device-token is required")
+	if len(auth) == 0 && *databaseURL == "" {
+		return errors.New("at least one --device-token or a --database-url is required")
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
@@ -132,8 +140,24 @@ func run(args []string) error {
 	if err := telemetry.RegisterNATSConnected(reg, telemetry.LabelDevicehub, nc); err != nil {
 		return err
 	}
+	devAuth, minter, watch, closeStore, err := deviceCredentials(ctx, nc, *databaseURL, auth, log)
+	if err != nil {
+		return err
+	}
+	defer closeStore()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	acts, err := devicehub.NewKVActivations(ctx, js, devicehub.ActivationsConfig{})
+	if err != nil {
+		return fmt.Errorf("activations: %w", err)
+	}
 	svc, err := devicehub.New(devicehub.Config{
-		Instance: *instance, DeviceAddr: *deviceAddr, Auth: auth,
+		Instance: *instance, DeviceAddr: *deviceAddr, Auth: devAuth,
+		MQTTAddr: *mqttAddr, UDPPublicHost: *udpHost,
+		OTA: devicehub.OTAConfig{Credentials: minter, Activations: acts, AutoActivateTenant: *autoActivate,
+			WebSocketURL: *publicURL, MQTTEndpoint: *mqttEndpoint},
 		CallTimeout: *callTimeout, IdleTimeout: *idleTimeout, WithUserTools: *withUserTools, Version: version,
 		TracerProvider: tp, Registerer: reg,
 	}, nc, log)
@@ -151,7 +175,41 @@ func run(args []string) error {
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return ops.Run(gctx) })
 	g.Go(func() error { return svc.Run(gctx) })
+	if watch != nil {
+		g.Go(func() error { return watch(gctx) })
+	}
 	return g.Wait()
+}
+
+// deviceCredentials builds device authentication and the OTA credential
+// minter: the tenancy store's HMAC keys when a database is configured, after
+// the static tokens; with only one static token, that token's tenant.
+// The returned watch keeps the key cache current (nil without a database).
+func deviceCredentials(ctx context.Context, nc *nats.Conn, dsn string, static deviceauth.StaticTokens, log *slog.Logger) (
+	auth deviceauth.Authenticator, minter devicehub.CredentialMinter, watch func(context.Context) error, closeStore func(), err error) {
+	if dsn == "" {
+		if len(static) == 1 {
+			for tok, tenant := range static {
+				minter = devicehub.StaticCredentials{Token: tok, Tenant: tenant}
+			}
+		}
+		return static, minter, nil, func() {}, nil
+	}
+	store, err := tenancy.OpenPostgres(ctx, dsn)
+	if err != nil {
+		return nil, nil, nil, nil, fmt.Errorf("tenancy store: %w", err)
+	}
+	keys, err := tenancy.NewDeviceAuth(store, tenancy.DeviceAuthConfig{}, log)
+	if err != nil {
+		store.Close()
+		return nil, nil, nil, nil, err
+	}
+	auth = keys
+	if len(static) > 0 {
+		auth = tenancy.DeviceChain{static, keys}
+	}
+	w := tenancy.NewWatcher(nc, tenancy.WatcherConfig{Store: store}, log, keys)
+	return auth, keys, w.Run, func() { store.Close() }, nil
 }
 
 // envFallback sets every flag not given on the command line from
