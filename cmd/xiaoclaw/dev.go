@@ -18,6 +18,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/xiaoclaw/xiaoclaw/cmd/xiaoclaw/internal/devstack"
+	"github.com/xiaoclaw/xiaoclaw/pkg/telemetry"
 )
 
 type devFlags struct {
@@ -55,7 +56,7 @@ Tokens not given as flags are generated once and kept in the data directory.
 Ctrl-C (SIGINT) or SIGTERM shuts down gracefully.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return runDev(cmd.Context(), f, stdout)
+			return runDev(cmd.Context(), f, env, stdout)
 		},
 	}
 	fl := cmd.Flags()
@@ -136,10 +137,14 @@ func randomToken() string {
 	return hex.EncodeToString(b[:])
 }
 
-func runDev(ctx context.Context, f *devFlags, stdout io.Writer) error {
-	log, err := newLogger(os.Stderr, f.logLevel, f.logFormat)
+func runDev(ctx context.Context, f *devFlags, env func(string) string, stdout io.Writer) error {
+	var level slog.LevelVar
+	if err := level.UnmarshalText([]byte(f.logLevel)); err != nil {
+		return &exitError{exitUsage, fmt.Errorf("--log-level: %w", err)}
+	}
+	log, err := telemetry.NewLogger(os.Stderr, f.logFormat, &level)
 	if err != nil {
-		return err
+		return &exitError{exitUsage, fmt.Errorf("--log-format: %w", err)}
 	}
 	if err := os.MkdirAll(f.dataDir, 0o700); err != nil {
 		return fmt.Errorf("data dir: %w", err)
@@ -150,7 +155,12 @@ func runDev(ctx context.Context, f *devFlags, stdout io.Writer) error {
 	}
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	st, err := devstack.Start(ctx, devstack.Config{
+	tel, err := newDevTelemetry(ctx, env, stdout, log)
+	if err != nil {
+		return err
+	}
+	defer tel.shutdown() // after the stack has stopped: flushes the last spans
+	cfg := devstack.Config{
 		DataDir:       f.dataDir,
 		NATSURL:       f.natsURL,
 		NATSListen:    f.natsListen,
@@ -163,8 +173,14 @@ func runDev(ctx context.Context, f *devFlags, stdout io.Writer) error {
 		AdminToken:    creds.AdminToken,
 		DatabaseURL:   f.databaseURL,
 		Log:           log,
-	})
+	}
+	tel.stackConfig(&cfg)
+	st, err := devstack.Start(ctx, cfg)
 	if err != nil {
+		return err
+	}
+	if err := tel.serve(st, &level); err != nil {
+		st.Close()
 		return err
 	}
 	printBanner(stdout, st, creds, f.dataDir)
