@@ -8,19 +8,21 @@ LDFLAGS := -s -w -X main.version=$(VERSION)
 PKGS = $(shell $(GO) list -m -f '{{.Dir}}/...')
 DATA_DIR ?= $(CURDIR)/.tmp/dev
 
-.PHONY: help build dev test test-go test-race fuzz lint bench bench-openclaw interop jaeger jaeger-stop dev-observability test-jaeger images helm-tools helm-test tidy clean
+.PHONY: help build build-cli dev test test-go test-race fuzz lint bench bench-openclaw interop jaeger jaeger-stop dev-observability test-jaeger images helm-tools helm-test tidy clean
 
 help: ## show this help
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
 
-build: ## build bin/xiaoclaw and the three service binaries
-	@mkdir -p bin
-	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/xiaoclaw ./cmd/xiaoclaw
+build: build-cli ## build bin/xiaoclaw and the three service binaries
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/gateway ./services/gateway/cmd/gateway
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/shim ./services/shim/cmd/shim
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/devicehub ./services/devicehub/cmd/devicehub
 
-dev: build ## run the whole system in one process with embedded NATS and store
+build-cli: ## build bin/xiaoclaw (CLI and `xiaoclaw dev`)
+	@mkdir -p bin
+	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/xiaoclaw ./cmd/xiaoclaw
+
+dev: build-cli ## run the whole system in one process with embedded NATS and store
 	bin/xiaoclaw dev --data-dir $(DATA_DIR)
 
 test: test-go helm-test ## run every test: all Go modules, then the Helm chart checks
@@ -64,7 +66,7 @@ jaeger: ## build (once) and start a local Jaeger on 127.0.0.1: OTLP 4317/4318, q
 jaeger-stop: ## stop the local Jaeger
 	scripts/jaeger.sh stop
 
-dev-observability: build jaeger ## make dev with every span exported to the local Jaeger
+dev-observability: build-cli jaeger ## make dev with every span exported to the local Jaeger
 	OTEL_TRACES_EXPORTER=otlp OTEL_EXPORTER_OTLP_PROTOCOL=grpc OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4317 \
 	OTEL_BSP_SCHEDULE_DELAY=500 bin/xiaoclaw dev --data-dir $(DATA_DIR)
 

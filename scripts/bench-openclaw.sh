@@ -48,7 +48,7 @@ bash "$REF" approve "$REF_PORT" bench-ref >/dev/null 2>&1 || true
 REF_OUT=$(bench "ws://127.0.0.1:$REF_PORT" bench-ref)
 
 echo "== xiaoclaw on :$XC_PORT" >&2
-make -s build >&2
+make -s build-cli >&2
 bin/xiaoclaw dev --data-dir "$WORK/xc" --gateway-addr "127.0.0.1:$XC_PORT" --device-addr "127.0.0.1:$DEV_PORT" \
   --operator-token "$OCL_TOKEN" --log-level warn >"$WORK/xc.log" 2>&1 &
 XC_PID=$!

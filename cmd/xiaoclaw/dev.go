@@ -116,7 +116,7 @@ func loadCredentials(dir string, f *devFlags) (devCredentials, error) {
 		flag  string
 		saved *string
 		pref  string
-	}{{f.deviceToken, &c.DeviceToken, "xcd_"}, {f.operatorToken, &c.OperatorToken, "xco_"}, {f.adminToken, &c.AdminToken, "xca_"}} {
+	}{{f.deviceToken, &c.DeviceToken, "devdev_"}, {f.operatorToken, &c.OperatorToken, "devop_"}, {f.adminToken, &c.AdminToken, "devadmin_"}} {
 		switch {
 		case p.flag != "":
 			*p.saved = p.flag
