@@ -61,6 +61,9 @@ func run(args []string) error {
 	logFormat := fs.String("log-format", env("LOG_FORMAT", "json"), "json or text (env XIAOCLAW_LOG_FORMAT)")
 	handshake := fs.Duration("handshake-timeout", 15*time.Second, "close sockets that do not complete connect in time")
 	maxInvoke := fs.Duration("max-invoke-timeout", 300*time.Second, "cap of any node.invoke timeoutMs")
+	databaseURL := fs.String("database-url", env("DATABASE_URL", ""), "Postgres URL: tenants, operator tokens, policies, audit trail, admin API (env XIAOCLAW_DATABASE_URL)")
+	adminToken := fs.String("admin-token", env("ADMIN_TOKEN", ""), "global admin token of the admin API, at least 16 characters (env XIAOCLAW_ADMIN_TOKEN)")
+	auditWriter := fs.Bool("audit-writer", env("AUDIT_WRITER", "true") == "true", "also run the audit writer (stream → Postgres) in this process (env XIAOCLAW_AUDIT_WRITER)")
 	var tokens tokenList
 	fs.Var(&tokens, "operator-token", "static operator token TENANT=TOKEN or TENANT:ROLE=TOKEN (role admin, operator or viewer; default admin); repeatable (env XIAOCLAW_OPERATOR_TOKEN, comma-separated)")
 	if err := fs.Parse(args); err != nil {
@@ -84,8 +87,8 @@ func run(args []string) error {
 	if err != nil {
 		return err
 	}
-	if len(auth) == 0 {
-		return errors.New("no operator token: pass --operator-token TENANT=TOKEN")
+	if len(auth) == 0 && *databaseURL == "" {
+		return errors.New("no operator credentials: pass --database-url (tokens from the tenancy store) or --operator-token TENANT=TOKEN")
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
@@ -120,7 +123,7 @@ func run(args []string) error {
 	if err := telemetry.RegisterNATSConnected(reg, telemetry.LabelGateway, nc); err != nil {
 		return err
 	}
-	svc, err := gateway.New(gateway.Config{
+	cfg := gateway.Config{
 		Addr:             *addr,
 		Instance:         *instance,
 		Version:          "xiaoclaw-" + version,
@@ -129,18 +132,30 @@ func run(args []string) error {
 		MaxInvokeTimeout: *maxInvoke,
 		TracerProvider:   tp,
 		Registerer:       reg,
-	}, nc, log)
+	}
+	var be *backend
+	if *databaseURL != "" {
+		if be, err = openBackend(ctx, *databaseURL, nc, auth, *adminToken, *auditWriter, log); err != nil {
+			return err
+		}
+		defer be.close()
+		cfg.Auth, cfg.Authorizer, cfg.Auditor, cfg.AdminAPI = be.auth, be.policy, be.auditor, be.api
+	} else {
+		log.Warn("no --database-url: static operator tokens only; no policy store, audit trail or admin API")
+	}
+	svc, err := gateway.New(cfg, nc, log)
 	if err != nil {
 		return err
 	}
-	ops, err := telemetry.NewOpsServer(telemetry.OpsConfig{
-		Addr: *opsAddr, Gatherer: reg, LogLevel: &level,
-		Checks: []telemetry.Check{
-			telemetry.NATSCheck(nc),
-			// Started, not draining (and connected).
-			{Name: "gateway", Run: func(context.Context) error { return svc.CheckReady() }},
-		},
-	}, log)
+	checks := []telemetry.Check{
+		telemetry.NATSCheck(nc),
+		// Started, not draining (and connected).
+		{Name: "gateway", Run: func(context.Context) error { return svc.CheckReady() }},
+	}
+	if be != nil {
+		checks = append(checks, be.checks()...)
+	}
+	ops, err := telemetry.NewOpsServer(telemetry.OpsConfig{Addr: *opsAddr, Gatherer: reg, LogLevel: &level, Checks: checks}, log)
 	if err != nil {
 		return err
 	}
@@ -149,6 +164,11 @@ func run(args []string) error {
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return ops.Run(gctx) })
 	g.Go(func() error { return svc.Run(gctx) })
+	if be != nil {
+		for _, run := range append(be.runners, be.watcherFor(svc)) {
+			g.Go(func() error { return run(gctx) })
+		}
+	}
 	return g.Wait()
 }
 

@@ -1,0 +1,126 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/xiaoclaw/xiaoclaw/pkg/access"
+	"github.com/xiaoclaw/xiaoclaw/pkg/audit"
+	"github.com/xiaoclaw/xiaoclaw/pkg/policy"
+	"github.com/xiaoclaw/xiaoclaw/pkg/telemetry"
+	"github.com/xiaoclaw/xiaoclaw/pkg/tenancy"
+	"github.com/xiaoclaw/xiaoclaw/services/gateway"
+	"github.com/xiaoclaw/xiaoclaw/services/gateway/adminapi"
+	"github.com/xiaoclaw/xiaoclaw/services/gateway/auditapi"
+)
+
+// backend is what the gateway builds on Postgres: operator tokens, the
+// policy engine, the audit trail and the admin and audit APIs.
+type backend struct {
+	tenancy    *tenancy.SQLStore
+	audit      *audit.PostgresStore
+	operators  *tenancy.OperatorAuth
+	auth       access.Authenticator
+	policy     *policy.Engine
+	auditor    gateway.Auditor
+	api        http.Handler
+	runners    []func(context.Context) error // audit writer and collector
+	watcherFor func(svc *gateway.Service) func(context.Context) error
+}
+
+// openBackend connects to Postgres, applies pending migrations (idempotent
+// and advisory-locked, so replicas and the migrations Job may race) and
+// builds the stores' users. static tokens are tried before the store's.
+func openBackend(ctx context.Context, dsn string, nc *nats.Conn, static access.StaticTokens, adminToken string,
+	runAuditWriter bool, log *slog.Logger) (*backend, error) {
+	b := &backend{}
+	var err error
+	if b.tenancy, err = tenancy.OpenPostgres(ctx, dsn); err != nil {
+		return nil, fmt.Errorf("tenancy store: %w", err)
+	}
+	if err := b.tenancy.Migrate(ctx); err != nil {
+		b.close()
+		return nil, fmt.Errorf("migrate: %w", err)
+	}
+	if b.audit, err = audit.OpenPostgres(ctx, dsn); err != nil {
+		b.close()
+		return nil, fmt.Errorf("audit store: %w", err)
+	}
+	mgr, err := tenancy.NewManager(tenancy.ManagerConfig{Store: b.tenancy, CheckRule: policy.CheckRule,
+		Notify: tenancy.NATSNotifier(nc), Log: log})
+	if err != nil {
+		b.close()
+		return nil, err
+	}
+	b.operators = tenancy.NewOperatorAuth(b.tenancy, tenancy.CacheConfig{}, log)
+	b.auth = b.operators
+	if len(static) > 0 {
+		b.auth = tenancy.OperatorChain{static, b.operators}
+	}
+	if b.policy, err = policy.New(policy.Config{Store: b.tenancy, Log: log}); err != nil {
+		b.close()
+		return nil, err
+	}
+	var admins []string
+	if adminToken != "" {
+		admins = []string{adminToken}
+	}
+	admin, err := adminapi.New(adminapi.Config{Manager: mgr, Operators: b.auth, Policy: b.policy, AdminTokens: admins, Log: log})
+	if err != nil {
+		b.close()
+		return nil, err
+	}
+	auditAPI, err := auditapi.New(auditapi.Config{Store: b.audit, Operators: b.auth, AdminTokens: admins, Log: log})
+	if err != nil {
+		b.close()
+		return nil, err
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/api/audit/", auditAPI)
+	mux.Handle("/api/", admin)
+	b.api = mux
+
+	pub, err := audit.NewPublisher(ctx, nc, audit.PublisherConfig{}, log)
+	if err != nil {
+		b.close()
+		return nil, fmt.Errorf("audit publisher: %w", err)
+	}
+	b.auditor = auditapi.InvokeAuditor(pub)
+	if runAuditWriter {
+		w, err := audit.NewWriter(nc, b.audit, audit.WriterConfig{}, log)
+		if err != nil {
+			b.close()
+			return nil, err
+		}
+		c, err := audit.NewCollector(nc, pub, log)
+		if err != nil {
+			b.close()
+			return nil, err
+		}
+		b.runners = append(b.runners, w.Run, c.Run)
+	}
+	b.watcherFor = func(svc *gateway.Service) func(context.Context) error {
+		// Caches first, then the re-check of live connections.
+		return tenancy.NewWatcher(nc, tenancy.WatcherConfig{Store: b.tenancy}, log,
+			b.operators, b.policy, tenancy.ChangeFunc(svc.TenancyChanged)).Run
+	}
+	return b, nil
+}
+
+// checks are the readiness checks of the database.
+func (b *backend) checks() []telemetry.Check {
+	return []telemetry.Check{telemetry.PingCheck("db", func(ctx context.Context) error { return b.tenancy.DB().PingContext(ctx) })}
+}
+
+func (b *backend) close() {
+	if b.audit != nil {
+		b.audit.Close()
+	}
+	if b.tenancy != nil {
+		b.tenancy.Close()
+	}
+}
