@@ -267,22 +267,31 @@ func resolveNode(nodes []nodeSummary, query string) (string, error) {
 	}
 }
 
+// dialResolve connects and resolves query to a node id of the tenant.
+func (f *operatorFlags) dialResolve(ctx context.Context, query string) (*occlient.Client, string, error) {
+	c, err := f.dial(ctx, nil)
+	if err != nil {
+		return nil, "", err
+	}
+	nodes, _, err := fetchNodes(ctx, c)
+	if err == nil {
+		var id string
+		if id, err = resolveNode(nodes, query); err == nil {
+			return c, id, nil
+		}
+	}
+	c.Close()
+	return nil, "", err
+}
+
 func describeNode(ctx context.Context, f *operatorFlags, query string, out io.Writer) error {
 	ctx, cancel := context.WithTimeout(ctx, f.timeout)
 	defer cancel()
-	c, err := f.dial(ctx, nil)
+	c, id, err := f.dialResolve(ctx, query)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	nodes, _, err := fetchNodes(ctx, c)
-	if err != nil {
-		return err
-	}
-	id, err := resolveNode(nodes, query)
-	if err != nil {
-		return err
-	}
 	raw, err := c.Call(ctx, "node.describe", map[string]string{"nodeId": id})
 	if err != nil {
 		return callErr(err)
@@ -316,19 +325,11 @@ func describeNode(ctx context.Context, f *operatorFlags, query string, out io.Wr
 func invokeNode(ctx context.Context, f *operatorFlags, query, command string, params json.RawMessage, invokeTimeout time.Duration, idemKey string, out io.Writer) error {
 	ctx, cancel := context.WithTimeout(ctx, f.timeout+invokeTimeout)
 	defer cancel()
-	c, err := f.dial(ctx, nil)
+	c, id, err := f.dialResolve(ctx, query)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	nodes, _, err := fetchNodes(ctx, c)
-	if err != nil {
-		return err
-	}
-	id, err := resolveNode(nodes, query)
-	if err != nil {
-		return err
-	}
 	raw, err := c.Invoke(ctx, occlient.InvokeParams{NodeID: id, Command: command, Params: params,
 		TimeoutMs: invokeTimeout.Milliseconds(), IdempotencyKey: idemKey})
 	if err != nil {
