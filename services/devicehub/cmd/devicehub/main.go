@@ -88,15 +88,6 @@ func run(args []string) error {
 		return err
 	}
 
-	var level slog.LevelVar
-	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
-		return fmt.Errorf("--log-level: %w", err)
-	}
-	log, err := telemetry.NewLogger(os.Stderr, *logFormat, &level)
-	if err != nil {
-		return fmt.Errorf("--log-format: %w", err)
-	}
-	log = log.With(telemetry.LogKeyService, telemetry.LabelDevicehub, telemetry.LogKeyInstance, *instance)
 	auth, err := tokens.authenticator()
 	if err != nil {
 		return err
@@ -108,22 +99,15 @@ func run(args []string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 
-	tp, err := telemetry.NewTracerProvider(ctx, telemetry.ServiceDevicehub, telemetry.Config{
-		Env: os.Getenv, Instance: *instance, Version: version, ConsoleWriter: os.Stdout,
-	})
+	proc, err := telemetry.StartProcess(ctx, telemetry.ProcessConfig{Service: telemetry.ServiceDevicehub,
+		Instance: *instance, Version: version, LogLevel: *logLevel, LogFormat: *logFormat, Env: os.Getenv, Stderr: os.Stderr, Stdout: os.Stdout})
 	if err != nil {
 		return err
 	}
-	// Flushes the spans still queued, after everything else has stopped.
-	defer func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		if err := tp.Shutdown(sctx); err != nil {
-			log.Warn("devicehub: tracer shutdown", "err", err)
-		}
-	}()
+	defer proc.Shutdown() // flushes the spans still queued, after everything else has stopped
+	log := proc.Log.With(telemetry.LogKeyService, telemetry.LabelDevicehub, telemetry.LogKeyInstance, *instance)
+	tp, reg, level := proc.Tracer, proc.Registry, proc.Level
 	otel.SetErrorHandler(telemetry.ErrorHandler(log, time.Minute))
-	log.Info("devicehub: tracing", "config", tp.String())
 
 	nc, err := nats.Connect(*natsURL,
 		nats.Name("devicehub "+*instance),
@@ -136,7 +120,6 @@ func run(args []string) error {
 	}
 	defer nc.Close()
 
-	reg := telemetry.NewRegistry()
 	if err := telemetry.RegisterNATSConnected(reg, telemetry.LabelDevicehub, nc); err != nil {
 		return err
 	}
@@ -165,7 +148,7 @@ func run(args []string) error {
 		return err
 	}
 	ops, err := telemetry.NewOpsServer(telemetry.OpsConfig{
-		Addr: *opsAddr, Gatherer: reg, LogLevel: &level,
+		Addr: *opsAddr, Gatherer: reg, LogLevel: level,
 		Checks: []telemetry.Check{telemetry.NATSCheck(nc), telemetry.ChannelCheck("devicehub", svc.Ready())},
 	}, log)
 	if err != nil {

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"log/slog"
 	"os"
 	"os/signal"
 	"strings"
@@ -75,14 +74,6 @@ func run(args []string) error {
 		}
 	}
 
-	var level slog.LevelVar
-	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
-		return fmt.Errorf("--log-level: %w", err)
-	}
-	log, err := telemetry.NewLogger(os.Stderr, *logFormat, &level)
-	if err != nil {
-		return fmt.Errorf("--log-format: %w", err)
-	}
 	auth, err := parseTokens(tokens)
 	if err != nil {
 		return err
@@ -94,22 +85,14 @@ func run(args []string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 
-	tp, err := telemetry.NewTracerProvider(ctx, telemetry.ServiceGateway, telemetry.Config{
-		Env: os.Getenv, Instance: *instance, Version: version, ConsoleWriter: os.Stdout,
-	})
+	proc, err := telemetry.StartProcess(ctx, telemetry.ProcessConfig{Service: telemetry.ServiceGateway,
+		Instance: *instance, Version: version, LogLevel: *logLevel, LogFormat: *logFormat, Env: os.Getenv, Stderr: os.Stderr, Stdout: os.Stdout})
 	if err != nil {
 		return err
 	}
-	// Flushes the spans still queued, after everything else has stopped.
-	defer func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		if err := tp.Shutdown(sctx); err != nil {
-			log.Warn("tracer shutdown", "err", err)
-		}
-	}()
+	defer proc.Shutdown() // flushes the spans still queued, after everything else has stopped
+	log, tp, reg, level := proc.Log, proc.Tracer, proc.Registry, proc.Level
 	otel.SetErrorHandler(telemetry.ErrorHandler(log, time.Minute))
-	log.Info("tracing", "config", tp.String())
 
 	nc, err := nats.Connect(*natsURL, nats.Name("xiaoclaw-gateway "+*instance), nats.MaxReconnects(-1),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { log.Warn("NATS disconnected", "err", err) }),
@@ -119,7 +102,6 @@ func run(args []string) error {
 	}
 	defer nc.Close()
 
-	reg := telemetry.NewRegistry()
 	if err := telemetry.RegisterNATSConnected(reg, telemetry.LabelGateway, nc); err != nil {
 		return err
 	}
@@ -155,7 +137,7 @@ func run(args []string) error {
 	if be != nil {
 		checks = append(checks, be.checks()...)
 	}
-	ops, err := telemetry.NewOpsServer(telemetry.OpsConfig{Addr: *opsAddr, Gatherer: reg, LogLevel: &level, Checks: checks}, log)
+	ops, err := telemetry.NewOpsServer(telemetry.OpsConfig{Addr: *opsAddr, Gatherer: reg, LogLevel: level, Checks: checks}, log)
 	if err != nil {
 		return err
 	}

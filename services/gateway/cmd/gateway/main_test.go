@@ -33,7 +33,7 @@ func TestParseTokens(t *testing.T) {
 func TestRunRefusesWithoutTokens(t *testing.T) {
 	t.Setenv("XIAOCLAW_OPERATOR_TOKEN", "")
 	err := run([]string{"--nats-url", "nats://127.0.0.1:1", "--log-format", "text"})
-	if err == nil || !strings.Contains(err.Error(), "no operator token") {
+	if err == nil || !strings.Contains(err.Error(), "no operator credentials") {
 		t.Fatalf("got %v", err)
 	}
 }

@@ -9,7 +9,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
 	"os/signal"
 	"strings"
@@ -59,14 +58,6 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	var level slog.LevelVar
-	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
-		return fmt.Errorf("--log-level: %w", err)
-	}
-	log, err := telemetry.NewLogger(stderr, *logFormat, &level)
-	if err != nil {
-		return fmt.Errorf("--log-format: %w", err)
-	}
 	timeout, err := time.ParseDuration(*defTimeout)
 	if err != nil {
 		return fmt.Errorf("--default-timeout: %w", err)
@@ -76,22 +67,14 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		return err
 	}
 
-	tp, err := telemetry.NewTracerProvider(ctx, telemetry.ServiceShim, telemetry.Config{
-		Env: os.Getenv, Instance: *instance, Version: version, ConsoleWriter: os.Stdout,
-	})
+	proc, err := telemetry.StartProcess(ctx, telemetry.ProcessConfig{Service: telemetry.ServiceShim,
+		Instance: *instance, Version: version, LogLevel: *logLevel, LogFormat: *logFormat, Env: os.Getenv, Stderr: stderr, Stdout: os.Stdout})
 	if err != nil {
 		return err
 	}
-	// Flushes the spans still queued, after everything else has stopped.
-	defer func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		if err := tp.Shutdown(sctx); err != nil {
-			log.Warn("tracer shutdown", "err", err)
-		}
-	}()
+	defer proc.Shutdown() // flushes the spans still queued, after everything else has stopped
+	log, tp, reg, level := proc.Log, proc.Tracer, proc.Registry, proc.Level
 	otel.SetErrorHandler(telemetry.ErrorHandler(log, time.Minute))
-	log.Info("tracing", "config", tp.String())
 
 	nc, err := nats.Connect(*natsURL,
 		nats.Name("shim "+*instance),
@@ -104,7 +87,6 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	defer nc.Close()
 
-	reg := telemetry.NewRegistry()
 	if err := telemetry.RegisterNATSConnected(reg, telemetry.LabelShim, nc); err != nil {
 		return err
 	}
@@ -114,7 +96,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		return err
 	}
 	ops, err := telemetry.NewOpsServer(telemetry.OpsConfig{
-		Addr: *opsAddr, Gatherer: reg, LogLevel: &level,
+		Addr: *opsAddr, Gatherer: reg, LogLevel: level,
 		Checks: []telemetry.Check{telemetry.NATSCheck(nc), telemetry.ChannelCheck("shim", svc.Ready())},
 	}, log)
 	if err != nil {
