@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"log/slog"
+	"strconv"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -14,8 +15,9 @@ import (
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
 )
 
-// Collector turns the bus's device lifecycle messages (online, offline) and
-// tenancy change notifications into audit events. Replicas share the queue
+// Collector turns the bus's device lifecycle messages (online, offline),
+// device authentication failures and tenancy change notifications into
+// audit events. Replicas share the queue
 // group wire.QueueAudit, so each message is recorded once. These messages
 // are core NATS: what is published while no collector runs is not
 // recorded (unlike node.invoke, which the gateway records itself).
@@ -41,7 +43,7 @@ func (c *Collector) Ready() <-chan struct{} { return c.ready }
 func (c *Collector) Run(ctx context.Context) error {
 	ch := make(chan *nats.Msg, 4096)
 	var subs []*nats.Subscription
-	for _, subj := range []string{wire.SubjectDeviceStateAll, wire.SubjectTenancyChanged} {
+	for _, subj := range []string{wire.SubjectDeviceStateAll, wire.SubjectTenancyChanged, wire.SubjectDeviceAuthFailure} {
 		s, err := c.nc.ChanQueueSubscribe(subj, wire.QueueAudit, ch)
 		if err != nil {
 			return err
@@ -76,6 +78,9 @@ func (c *Collector) Run(ctx context.Context) error {
 // event converts a message; false for messages that are not audited
 // (tool catalog updates, notifications, malformed input).
 func (c *Collector) event(m *nats.Msg) (Event, bool) {
+	if m.Subject == wire.SubjectDeviceAuthFailure {
+		return deviceAuthFailureEvent(m.Data)
+	}
 	if m.Subject == wire.SubjectTenancyChanged {
 		var ch wire.TenancyChange
 		if json.Unmarshal(m.Data, &ch) != nil || wire.ValidTenant(ch.Tenant) != nil {
@@ -104,5 +109,25 @@ func (c *Collector) event(m *nats.Msg) (Event, bool) {
 	// so it is stored once.
 	sum := sha256.Sum256([]byte(e.Kind + "\x00" + tenant + "\x00" + device + "\x00" + ev.SessionID))
 	e.ID = "d" + hex.EncodeToString(sum[:14])
+	return e, true
+}
+
+// deviceAuthFailureEvent records a devicehub's refusal under TenantUnknown:
+// the device's claim of a tenant was not accepted. Each message is one
+// refusal, so each gets a fresh id.
+func deviceAuthFailureEvent(data []byte) (Event, bool) {
+	var f wire.DeviceAuthFailure
+	if json.Unmarshal(data, &f) != nil {
+		return Event{}, false
+	}
+	e := Event{
+		Kind: KindDeviceAuthFail, Tenant: TenantUnknown, Device: f.Device, Outcome: "rejected",
+		ErrorCode: "unauthorized", Instance: f.Hub,
+		Detail: "transport=" + f.Transport + " remote=" + f.RemoteIP + " client=" + strconv.Quote(f.ClientID) +
+			" reason=" + strconv.Quote(f.Reason),
+	}
+	if f.AtMs > 0 {
+		e.Time = time.UnixMilli(f.AtMs)
+	}
 	return e, true
 }

@@ -38,6 +38,20 @@ const (
 	eventIDRandomHexChars = 16
 )
 
+// TenantUnknown is the pseudo-tenant of events whose tenant is not known:
+// connects refused before a credential was accepted and device
+// authentication failures. No real tenant can have this id (tenant ids start
+// with a-z or 0-9), so only a global admin reads these events.
+const TenantUnknown = "_unknown"
+
+// validTenant accepts a tenant id or TenantUnknown.
+func validTenant(t string) error {
+	if t == TenantUnknown {
+		return nil
+	}
+	return wire.ValidTenant(t)
+}
+
 // Decisions.
 const (
 	DecisionAllow = "allow"
@@ -99,7 +113,7 @@ func (e *Event) Validate() error {
 	case e.Kind == "":
 		return fmt.Errorf("%w: kind is missing", ErrInvalidEvent)
 	}
-	if err := wire.ValidTenant(e.Tenant); err != nil {
+	if err := validTenant(e.Tenant); err != nil {
 		return fmt.Errorf("%w: %v", ErrInvalidEvent, err)
 	}
 	if len(e.Args) > 0 && !json.Valid(e.Args) {

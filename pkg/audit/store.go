@@ -8,8 +8,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
 )
 
 // Store keeps audit events. Both implementations (PostgresStore,
@@ -116,7 +114,7 @@ func decodeCursor(s string) (*cursor, error) {
 
 // check validates q and fills in the default limit.
 func (q *Query) check() (*cursor, error) {
-	if err := wire.ValidTenant(q.Tenant); err != nil {
+	if err := validTenant(q.Tenant); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidQuery, err)
 	}
 	switch {

@@ -274,4 +274,26 @@ func TestCollector(t *testing.T) {
 	if !slices.Equal(kinds, want) {
 		t.Fatalf("events %v, want %v", kinds, want)
 	}
+
+	// A devicehub's refusal has no tenant: it is recorded under the
+	// pseudo-tenant, readable by naming it, and carries no credential.
+	send(wire.SubjectDeviceAuthFailure, wire.DeviceAuthFailure{Hub: "hub-1", Transport: wire.TransportMQTT,
+		Device: "a1b2c3d4e5f6", ClientID: "GID_test@@@a1_b2", RemoteIP: "10.0.0.9", Reason: "unauthenticated", AtMs: time.Now().UnixMilli()})
+	send(wire.SubjectDeviceAuthFailure, []byte("not json"))
+	var fail audit.Event
+	waitFor(t, 10*time.Second, "the auth failure", func() bool {
+		p, err := store.Query(ctx, audit.Query{Tenant: audit.TenantUnknown, Kind: audit.KindDeviceAuthFail})
+		if err != nil || len(p.Events) == 0 {
+			return false
+		}
+		fail = p.Events[0]
+		return true
+	})
+	if fail.Device != "a1b2c3d4e5f6" || fail.Instance != "hub-1" || fail.Outcome != "rejected" ||
+		fail.Detail != `transport=mqtt remote=10.0.0.9 client="GID_test@@@a1_b2" reason="unauthenticated"` {
+		t.Fatalf("auth failure event %+v", fail)
+	}
+	if p, _ := store.Query(ctx, audit.Query{Tenant: "acme", Kind: audit.KindDeviceAuthFail}); len(p.Events) != 0 {
+		t.Fatalf("auth failure under a real tenant: %+v", p.Events)
+	}
 }
