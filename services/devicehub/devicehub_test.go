@@ -313,6 +313,7 @@ func TestTwoReplicasServeTheirOwnDevices(t *testing.T) {
 func TestWrongCredentialsRefusedBeforeUpgrade(t *testing.T) {
 	e := newEnv(t)
 	hub := startHub(t, e, devicehub.Config{})
+	authFails := subscribeAuthFailures(t, e.nc)
 	for _, tc := range []struct {
 		name   string
 		mutate func(*xzsim.Config)
@@ -341,6 +342,11 @@ func TestWrongCredentialsRefusedBeforeUpgrade(t *testing.T) {
 	}
 	if hub.Sessions() != 0 {
 		t.Fatal("a refused device got a session")
+	}
+	// Every refusal is announced for the audit trail, without the token.
+	reasons := expectAuthFailures(t, authFails, 6, wire.TransportWebSocket, "nope", testToken)
+	if reasons["unauthenticated"] != 3 || reasons["invalid device id"] != 1 {
+		t.Errorf("auth failure reasons %v", reasons)
 	}
 	// The query fallback authenticates like the headers.
 	connect(t, hub, "aa:bb:cc:00:00:09", func(c *xzsim.Config) { c.AuthInQuery = true })
@@ -749,4 +755,46 @@ func TestSlowConsumerClosed(t *testing.T) {
 			}
 		}
 	}
+}
+
+// subscribeAuthFailures collects the devicehub's device auth failure
+// announcements.
+func subscribeAuthFailures(t *testing.T, nc *nats.Conn) chan *nats.Msg {
+	t.Helper()
+	ch := make(chan *nats.Msg, 64)
+	sub, err := nc.ChanSubscribe(wire.SubjectDeviceAuthFailure, ch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	return ch
+}
+
+// expectAuthFailures waits for n announcements of transport, checks that
+// none holds any of secrets, and counts them by reason.
+func expectAuthFailures(t *testing.T, ch chan *nats.Msg, n int, transport string, secrets ...string) map[string]int {
+	t.Helper()
+	reasons := map[string]int{}
+	deadline := time.After(waitLimit)
+	for i := 0; i < n; i++ {
+		select {
+		case m := <-ch:
+			for _, s := range secrets {
+				if s != "" && strings.Contains(string(m.Data), s) {
+					t.Fatalf("auth failure announcement holds a credential: %s", m.Data)
+				}
+			}
+			var f wire.DeviceAuthFailure
+			if err := json.Unmarshal(m.Data, &f); err != nil || f.Transport != transport || f.Hub == "" || f.RemoteIP == "" || f.AtMs == 0 {
+				t.Fatalf("auth failure announcement %s (%v)", m.Data, err)
+			}
+			reasons[f.Reason]++
+		case <-deadline:
+			t.Fatalf("%d of %d auth failure announcements", i, n)
+		}
+	}
+	return reasons
 }

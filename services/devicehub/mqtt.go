@@ -155,11 +155,13 @@ func (h *mqttHook) OnConnectAuthenticate(cl *mqtt.Client, pk packets.Packet) boo
 	clientID := pk.Connect.ClientIdentifier
 	id, err := xzproto.ParseMQTTClientID(clientID)
 	if err != nil {
+		hub.authFailed(wire.TransportMQTT, "", clientID, remoteIP, err.Error())
 		hub.log.Warn("devicehub: MQTT device refused", "remote_ip", remoteIP, "client_id", truncateLog(clientID), "reason", err.Error())
 		return false
 	}
 	device, err := wire.CanonicalDevice(id.Device)
 	if err != nil {
+		hub.authFailed(wire.TransportMQTT, id.Device, clientID, remoteIP, "invalid device id")
 		hub.log.Warn("devicehub: MQTT device refused", "remote_ip", remoteIP, "client_id", truncateLog(clientID), "reason", "invalid device id")
 		return false
 	}
@@ -171,6 +173,7 @@ func (h *mqttHook) OnConnectAuthenticate(cl *mqtt.Client, pk packets.Packet) boo
 	cancel()
 	switch {
 	case errors.Is(err, deviceauth.ErrUnauthenticated):
+		hub.authFailed(wire.TransportMQTT, device, clientID, remoteIP, "unauthenticated")
 		hub.log.Warn("devicehub: MQTT device refused", "remote_ip", remoteIP, "device", device, "reason", "unauthenticated")
 		return false
 	case err != nil:

@@ -131,6 +131,7 @@ func TestMQTTWrongCredentialsRefused(t *testing.T) {
 	hub := startMQTTHub(t, e, nil)
 	const mac = "aa:bb:cc:0f:00:02"
 	good := mqttConfig(t, hub, mac)
+	authFails := subscribeAuthFailures(t, e.nc)
 	for name, mutate := range map[string]func(*xzsim.MQTTConfig){
 		"wrong password":       func(m *xzsim.MQTTConfig) { m.Password = "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=" },
 		"no password":          func(m *xzsim.MQTTConfig) { m.Password = "" },
@@ -150,6 +151,10 @@ func TestMQTTWrongCredentialsRefused(t *testing.T) {
 	}
 	if hub.Sessions() != 0 {
 		t.Fatalf("refused devices hold %d sessions", hub.Sessions())
+	}
+	reasons := expectAuthFailures(t, authFails, 5, wire.TransportMQTT, good.Password)
+	if reasons["unauthenticated"] != 3 || reasons["invalid device id"] != 1 {
+		t.Errorf("auth failure reasons %v", reasons)
 	}
 	// The right credentials still work on the same broker.
 	connectOnline(t, e, hub, mac, func(c *xzsim.Config) { c.Transport = xzsim.TransportMQTT; c.MQTT = good })

@@ -42,11 +42,13 @@ func (h *hub) serveWebSocket(w http.ResponseWriter, r *http.Request) {
 	}
 	creds, err := xzproto.ParseCredentials(r.Header, r.URL.Query())
 	if err != nil {
+		h.authFailed(wire.TransportWebSocket, creds.DeviceID, creds.ClientID, remoteIP, err.Error())
 		h.refuse(w, http.StatusUnauthorized, "devicehub: device refused", "remote_ip", remoteIP, "device_id", creds.DeviceID, "reason", err.Error())
 		return
 	}
 	device, err := wire.CanonicalDevice(creds.DeviceID)
 	if err != nil {
+		h.authFailed(wire.TransportWebSocket, creds.DeviceID, creds.ClientID, remoteIP, "invalid device id")
 		h.refuse(w, http.StatusUnauthorized, "devicehub: device refused", "remote_ip", remoteIP, "device_id", creds.DeviceID, "reason", "invalid device id")
 		return
 	}
@@ -58,6 +60,7 @@ func (h *hub) serveWebSocket(w http.ResponseWriter, r *http.Request) {
 	cancel()
 	switch {
 	case errors.Is(err, deviceauth.ErrUnauthenticated):
+		h.authFailed(wire.TransportWebSocket, device, creds.ClientID, remoteIP, "unauthenticated")
 		h.refuse(w, http.StatusUnauthorized, "devicehub: device refused", "remote_ip", remoteIP, "device", device, "reason", "unauthenticated")
 		return
 	case err != nil:
