@@ -4,7 +4,10 @@
 // argument predicates on tool calls. Engine implements access.Authorizer.
 //
 // Each tenant gets its own Casbin enforcer, built from the store through a
-// persist.Adapter, so a decision only ever looks at its tenant's rules; on
+// persist.Adapter, so a decision only ever looks at its tenant's rules. The
+// tenant's rules are also indexed by action and subject: a first-time
+// question hands Casbin only the few rules that can match it (see
+// candidates), so its cost does not grow with the tenant's rule count. On
 // top sits a decision cache keyed by (subject, role, node, action), so a
 // repeated question costs a map lookup plus the evaluation of any argument
 // predicates that could apply. A change notification (wire.ChangeRule,
@@ -66,6 +69,8 @@ type Engine struct {
 	maxCache int
 	model    model.Model
 
+	scratch *scratchEnforcers
+
 	mu      sync.RWMutex
 	tenants map[string]*tenantPolicy
 	gens    map[string]uint64 // bumped per change; a load that raced one is not kept
@@ -87,7 +92,7 @@ func New(cfg Config) (*Engine, error) {
 		return nil, fmt.Errorf("policy: model: %w", err)
 	}
 	return &Engine{store: cfg.Store, log: cfg.Log, maxCache: cfg.CacheEntries, model: m,
-		tenants: map[string]*tenantPolicy{}, gens: map[string]uint64{}}, nil
+		scratch: newScratchEnforcers(m), tenants: map[string]*tenantPolicy{}, gens: map[string]uint64{}}, nil
 }
 
 // tenantPolicy is one tenant's compiled policy; immutable once built
@@ -97,10 +102,13 @@ type tenantPolicy struct {
 	enforcer *casbin.Enforcer
 	rules    map[string]*compiledRule
 	groups   map[string]map[string]bool
+	index    ruleIndex
+	scratch  *scratchEnforcers
 	maxCache int
 
 	cacheMu sync.RWMutex
 	cache   map[cacheKey]*verdict
+	bySet   map[string]*verdict // candidate rule set (see evaluate) -> Casbin's verdict
 }
 
 type compiledRule struct {
@@ -245,8 +253,15 @@ func (tp *tenantPolicy) verdictFor(k cacheKey) (*verdict, error) {
 	return v, nil
 }
 
+// enforce asks the tenant's enforcer, which holds all of its rules.
 func (tp *tenantPolicy) enforce(k cacheKey, ec *evalCtx) (*compiledRule, error) {
 	ok, explain, err := tp.enforcer.EnforceEx(k.sub, RolePrefix+k.role, k.node, k.act, ec)
+	return tp.deciding(ok, explain, err)
+}
+
+// deciding turns Casbin's answer into the rule that decided, or nil when
+// no rule without a predicate matched.
+func (tp *tenantPolicy) deciding(ok bool, explain []string, err error) (*compiledRule, error) {
 	if err != nil {
 		return nil, err
 	}
@@ -259,13 +274,32 @@ func (tp *tenantPolicy) enforce(k cacheKey, ec *evalCtx) (*compiledRule, error) 
 	return tp.rules[explain[4]], nil
 }
 
+// noRuleMatches is the verdict when no rule can match: the default decides.
+var noRuleMatches = &verdict{}
+
+// evaluate asks Casbin about the rules that can match k only, through a
+// scratch enforcer. The candidates match k's subject, object and action,
+// so Casbin's verdict depends on which rules they are and nothing else: it
+// is kept per candidate set, and a new question whose candidates were seen
+// before costs no Casbin call.
 func (tp *tenantPolicy) evaluate(k cacheKey) (*verdict, error) {
+	var buf [64]byte
+	lines, set := tp.index.candidates(k, buf[:0])
+	if len(lines) == 0 {
+		return noRuleMatches, nil
+	}
+	tp.cacheMu.RLock()
+	v, ok := tp.bySet[string(set)]
+	tp.cacheMu.RUnlock()
+	if ok {
+		return v, nil
+	}
 	ec := &evalCtx{rules: tp.rules, groups: tp.groups}
-	uncond, err := tp.enforce(k, ec)
+	uncond, err := tp.deciding(tp.scratch.enforce(lines, k.sub, RolePrefix+k.role, k.node, k.act, ec))
 	if err != nil {
 		return nil, err
 	}
-	v := &verdict{uncond: uncond}
+	v = &verdict{uncond: uncond}
 	for _, r := range ec.matched {
 		if r.Effect == tenancy.EffectDeny {
 			v.denyPreds = append(v.denyPreds, r)
@@ -273,6 +307,12 @@ func (tp *tenantPolicy) evaluate(k cacheKey) (*verdict, error) {
 			v.allowPreds = append(v.allowPreds, r)
 		}
 	}
+	tp.cacheMu.Lock()
+	if len(tp.bySet) >= tp.maxCache {
+		clear(tp.bySet)
+	}
+	tp.bySet[string(set)] = v
+	tp.cacheMu.Unlock()
 	return v, nil
 }
 
@@ -298,7 +338,8 @@ func (e *Engine) Explain(ctx context.Context, tenant string, p access.Principal,
 	args := DecodeArgs(rawArgs)
 	ex := Explanation{Decision: tp.decide(v, func() Args { return args }), Matched: []MatchedRule{}}
 	ex.Default = ex.RuleID == ""
-	// A second pass collects every match (Casbin stops at the first deny).
+	// A second pass collects every match (Casbin stops at the first deny),
+	// over all of the tenant's rules.
 	all := &evalCtx{rules: tp.rules, groups: tp.groups, traceAll: true}
 	if _, err := tp.enforce(k, all); err != nil {
 		return Explanation{}, err
@@ -365,17 +406,14 @@ func (e *Engine) build(ctx context.Context, tenant string) (*tenantPolicy, error
 		return nil, fmt.Errorf("policy: load tenant %s: %w", tenant, err)
 	}
 	enf.EnableAutoSave(false)
-	enf.AddFunction("xcGlob", func(args ...any) (any, error) {
-		return globMatch(args[0].(string), args[1].(string)), nil
-	})
-	enf.AddFunction("xcObj", xcObj)
-	enf.AddFunction("xcWhen", xcWhen)
+	addFunctions(enf)
 	lines, err := enf.GetPolicy()
 	if err != nil {
 		return nil, err
 	}
 	tp := &tenantPolicy{tenant: t, enforcer: enf, rules: make(map[string]*compiledRule, len(lines)),
-		groups: ad.groups, maxCache: e.maxCache, cache: map[cacheKey]*verdict{}}
+		groups: ad.groups, index: newRuleIndex(lines, ad.groups), scratch: e.scratch, maxCache: e.maxCache,
+		cache: map[cacheKey]*verdict{}, bySet: map[string]*verdict{}}
 	for _, l := range lines {
 		r := &compiledRule{Rule: ad.rules[l[4]]}
 		if r.pred, err = ParseWhen(r.When); err != nil {
@@ -385,6 +423,15 @@ func (e *Engine) build(ctx context.Context, tenant string) (*tenantPolicy, error
 		tp.rules[r.ID] = r
 	}
 	return tp, nil
+}
+
+// addFunctions registers the model's matcher functions with enf.
+func addFunctions(enf *casbin.Enforcer) {
+	enf.AddFunction("xcGlob", func(args ...any) (any, error) {
+		return globMatch(args[0].(string), args[1].(string)), nil
+	})
+	enf.AddFunction("xcObj", xcObj)
+	enf.AddFunction("xcWhen", xcWhen)
 }
 
 // xcObj(pattern, node, ctx): the node matches a node id glob, or belongs
