@@ -109,3 +109,98 @@ func TestAuditTrail(t *testing.T) {
 		t.Fatalf("no denied row naming rule %s: %+v", rule.ID, rows)
 	}
 }
+
+// TestAuditConnectsAndAuthFailures: an operator's connect is recorded under
+// its tenant; a connect with a wrong token and a device with a wrong token
+// are recorded under the pseudo-tenant, which a global admin reads with
+// `xiaoclaw audit --tenant _unknown`, and neither row holds the token.
+func TestAuditConnectsAndAuthFailures(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	const admin = "admin-token-0123456789"
+	st, err := devstack.Start(ctx, devstack.Config{DataDir: t.TempDir(), DeviceToken: "dtok", OperatorToken: "otok", AdminToken: admin})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	cctx, ccancel := context.WithTimeout(ctx, 10*time.Second)
+	defer ccancel()
+	op, err := occlient.Dial(cctx, occlient.Options{URL: st.GatewayURL(0), Token: "otok"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	op.Close()
+	const wrong = "wrong-token-4f1d9c"
+	if bad, err := occlient.Dial(cctx, occlient.Options{URL: st.GatewayURL(0), Token: wrong}); err == nil {
+		bad.Close()
+		t.Fatal("a wrong operator token connected")
+	}
+	d, _ := xzsim.NewDevice(xzsim.Config{URL: st.DeviceURL(0), Token: wrong, MAC: "02:ad:00:00:00:02"})
+	if err := d.Connect(cctx); err == nil {
+		d.Close()
+		t.Fatal("a wrong device token connected")
+	}
+
+	env := func(k string) string {
+		return map[string]string{"XIAOCLAW_SERVER": "http://" + st.Gateways[0].Addr(), "XIAOCLAW_TOKEN": admin}[k]
+	}
+	type row struct {
+		Kind      string `json:"kind"`
+		Tenant    string `json:"tenant"`
+		Principal string `json:"principal"`
+		Device    string `json:"device"`
+		Outcome   string `json:"outcome"`
+		ErrorCode string `json:"errorCode"`
+		Instance  string `json:"instance"`
+		Detail    string `json:"detail"`
+	}
+	// rows polls `xiaoclaw audit` until it lists an event of every kind in
+	// want (the writer commits in batches).
+	rows := func(tenant string, want ...string) map[string]row {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			var out, errb bytes.Buffer
+			if code := run(ctx, []string{"audit", "--tenant", tenant, "--json"}, env, &out, &errb); code != exitOK {
+				t.Fatalf("xiaoclaw audit --tenant %s: exit %d: %s", tenant, code, errb.String())
+			}
+			if strings.Contains(out.String(), wrong) {
+				t.Fatalf("the audit trail holds the wrong token: %s", out.String())
+			}
+			got := map[string]row{}
+			dec := json.NewDecoder(&out)
+			for dec.More() {
+				var r row
+				if err := dec.Decode(&r); err != nil {
+					t.Fatalf("xiaoclaw audit --json: %v", err)
+				}
+				got[r.Kind] = r
+			}
+			complete := true
+			for _, k := range want {
+				_, ok := got[k]
+				complete = complete && ok
+			}
+			if complete {
+				return got
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("audit rows of %s not written in time: %s", tenant, out.String())
+			}
+			time.Sleep(50 * time.Millisecond) // the writer batches every 50 ms
+		}
+	}
+	conn := rows("dev", "operator.connect")["operator.connect"]
+	if conn.Outcome != "ok" || conn.Principal == "" || conn.Instance == "" || !strings.Contains(conn.Detail, "remote=127.0.0.1") {
+		t.Fatalf("operator.connect row %+v", conn)
+	}
+	unknown := rows("_unknown", "operator.auth_failed", "device.auth_failed")
+	if r := unknown["operator.auth_failed"]; r.Outcome != "rejected" || r.ErrorCode != "AUTH_TOKEN_MISMATCH" || r.Principal != "" ||
+		r.Instance == "" || !strings.Contains(r.Detail, "remote=127.0.0.1") {
+		t.Fatalf("operator.auth_failed row %+v", r)
+	}
+	if r := unknown["device.auth_failed"]; r.Outcome != "rejected" || r.Device != "02ad00000002" ||
+		r.Instance == "" || !strings.Contains(r.Detail, `reason="unauthenticated"`) {
+		t.Fatalf("device.auth_failed row %+v", r)
+	}
+}

@@ -59,3 +59,35 @@ type NopAuditor struct{}
 
 // AuditInvoke does nothing.
 func (NopAuditor) AuditInvoke(context.Context, InvokeAudit) error { return nil }
+
+// ConnectAudit describes the end of one connect handshake: hello-ok sent,
+// or the connect refused.
+type ConnectAudit struct {
+	Time     time.Time // when the connect request arrived
+	Instance string    // gateway replica
+	ConnID   string    // hello-ok's server.connId
+	RemoteIP string
+	// Role is the protocol role asked for: "operator" or "node"; "" when
+	// the params could not be read.
+	Role       string
+	ClientID   string // client.id as sent
+	ClientMode string // client.mode as sent
+	NodeID     string // a node host's device id, once checked
+	// Principal is the token's principal; zero when the token was not
+	// accepted (or not yet checked).
+	Principal access.Principal
+	Accepted  bool
+	// ErrorCode is the refusal's details.code (AUTH_TOKEN_MISMATCH,
+	// PROTOCOL_MISMATCH, DEVICE_AUTH_SIGNATURE_INVALID, …), else its
+	// ErrorShape code; "" when accepted.
+	ErrorCode string
+	Reason    string // the refusal's message
+}
+
+// ConnectAuditor is told about every connect handshake's end, accepted or
+// refused. It runs on the handshake path and must not block: record
+// asynchronously and best-effort (a connect is not an operator request
+// that must fail closed; node.invoke is audited losslessly by Auditor).
+type ConnectAuditor interface {
+	AuditConnect(a ConnectAudit)
+}

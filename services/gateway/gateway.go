@@ -55,6 +55,9 @@ type Config struct {
 	Authorizer access.Authorizer
 	// Auditor is told about every node.invoke. Default: none.
 	Auditor Auditor
+	// ConnectAuditor, when set, is told about every accepted and refused
+	// connect (operators and node hosts). Default: none.
+	ConnectAuditor ConnectAuditor
 	// AdminAPI, when set, is served under /api/ on Addr.
 	AdminAPI http.Handler
 	// Ops, when set, serves /healthz, /readyz, /metrics and /debug/loglevel

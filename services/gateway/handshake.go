@@ -78,21 +78,32 @@ func grantScopes(role string, requested []string) ([]string, scopeSet) {
 // handleConnect runs the connect handshake in OpenClaw's order: params,
 // protocol, role, token, device identity, then hello-ok.
 func (c *conn) handleConnect(req protocol.Request) {
+	audit := ConnectAudit{Time: time.Now(), Instance: c.s.cfg.Instance, ConnID: c.id, RemoteIP: c.remoteIP}
+	// refuse records the refusal and ends the handshake.
+	refuse := func(e *protocol.Error, code int, reason string) {
+		audit.ErrorCode, audit.Reason = e.DetailCode(), e.Message
+		if audit.ErrorCode == "" {
+			audit.ErrorCode = e.Code
+		}
+		c.s.auditConnect(audit)
+		c.failHandshake(req.ID, e, code, reason)
+	}
 	p, why := protocol.ParseConnect(req.Params)
 	if p == nil {
 		msg := "invalid connect params: " + why
-		c.failHandshake(req.ID, protocol.InvalidRequest(msg), protocol.ClosePolicyViolation, msg)
+		refuse(protocol.InvalidRequest(msg), protocol.ClosePolicyViolation, msg)
 		return
 	}
+	audit.Role, audit.ClientID, audit.ClientMode = p.RoleOrDefault(), protocol.Str(p.Client.ID), protocol.Str(p.Client.Mode)
 	proto, ok := protocol.Negotiate(*p.MinProtocol, *p.MaxProtocol)
 	if !ok {
-		c.failHandshake(req.ID, protocol.ProtocolMismatch(*p.MinProtocol, *p.MaxProtocol),
+		refuse(protocol.ProtocolMismatch(*p.MinProtocol, *p.MaxProtocol),
 			protocol.CloseProtocolError, protocol.ReasonProtocolMismatch)
 		return
 	}
 	role := p.RoleOrDefault()
 	if role != protocol.RoleOperator && role != protocol.RoleNode {
-		c.failHandshake(req.ID, protocol.InvalidRole(), protocol.ClosePolicyViolation, protocol.ReasonInvalidRole)
+		refuse(protocol.InvalidRole(), protocol.ClosePolicyViolation, protocol.ReasonInvalidRole)
 		return
 	}
 	scopes := p.ScopesOrEmpty()
@@ -112,7 +123,7 @@ func (c *conn) handleConnect(req protocol.Request) {
 			e.Retryable = true
 		}
 		c.s.log.Info("connect unauthorized", "conn", c.id, "remote", c.remoteIP, "client", authClient.ID, "reason", reason)
-		c.failHandshake(req.ID, e, protocol.ClosePolicyViolation, e.Message)
+		refuse(e, protocol.ClosePolicyViolation, e.Message)
 	}
 	if token == "" {
 		if authClient.HasDevTk {
@@ -142,17 +153,18 @@ func (c *conn) handleConnect(req protocol.Request) {
 		rejectAuth(protocol.AuthUnavailable)
 		return
 	}
+	audit.Principal = principal
 
 	if p.Device == nil {
 		if role == protocol.RoleNode {
-			c.failHandshake(req.ID, protocol.DeviceIdentityRequired(), protocol.ClosePolicyViolation, protocol.ReasonDeviceRequired)
+			refuse(protocol.DeviceIdentityRequired(), protocol.ClosePolicyViolation, protocol.ReasonDeviceRequired)
 			return
 		}
 	} else if _, fail := protocol.VerifyDevice(protocol.DeviceCheck{
 		Params: p, Role: role, Scopes: scopes, Nonce: c.nonce, NowMs: time.Now().UnixMilli(),
 	}); fail != nil {
 		c.s.log.Info("device proof refused", "conn", c.id, "remote", c.remoteIP, "reason", fail.Reason)
-		c.failHandshake(req.ID, protocol.DeviceAuthFailed(*fail), protocol.ClosePolicyViolation, fail.Message)
+		refuse(protocol.DeviceAuthFailed(*fail), protocol.ClosePolicyViolation, fail.Message)
 		return
 	}
 
@@ -165,10 +177,10 @@ func (c *conn) handleConnect(req protocol.Request) {
 		}
 		nodeID := protocol.Str(p.Device.ID)
 		if err := wire.ValidNodeID(nodeID); err != nil {
-			c.failHandshake(req.ID, protocol.DeviceAuthFailed(protocol.DeviceIDMismatch), protocol.ClosePolicyViolation, protocol.DeviceIDMismatch.Message)
+			refuse(protocol.DeviceAuthFailed(protocol.DeviceIDMismatch), protocol.ClosePolicyViolation, protocol.DeviceIDMismatch.Message)
 			return
 		}
-		c.nodeID = nodeID
+		c.nodeID, audit.NodeID = nodeID, nodeID
 		granted = []string{}
 	} else {
 		granted, set = grantScopes(principal.Role, scopes)
@@ -203,6 +215,8 @@ func (c *conn) handleConnect(req protocol.Request) {
 			return
 		}
 	}
+	audit.Accepted = true
+	c.s.auditConnect(audit)
 	c.s.log.Debug("connected", "conn", c.id, "tenant", principal.Tenant, "principal", principal.ID, "role", role,
 		"protocol", proto, "client", authClient.ID, "scopes", granted)
 }
@@ -227,4 +241,11 @@ func (s *Service) hello(c *conn, granted []string) []byte {
 		h.Snapshot.AuthMode = "token"
 	}
 	return h.Encode()
+}
+
+// auditConnect hands a to the ConnectAuditor, if any.
+func (s *Service) auditConnect(a ConnectAudit) {
+	if s.cfg.ConnectAuditor != nil {
+		s.cfg.ConnectAuditor.AuditConnect(a)
+	}
 }

@@ -24,6 +24,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-chi/chi/v5"
@@ -58,6 +59,69 @@ func InvokeEvent(r gateway.InvokeAudit) audit.Event {
 		e.Decision = audit.DecisionAllow
 	case r.Outcome == gateway.OutcomeDenied:
 		e.Decision = audit.DecisionDeny
+	}
+	return e
+}
+
+// maxConnectAuditsInFlight bounds the connect events being published at
+// once; beyond it (a connect storm while the stream is slow) events are
+// dropped rather than queued without bound or held on the handshake path.
+const maxConnectAuditsInFlight = 256
+
+// ConnectAuditor returns the gateway ConnectAuditor that publishes every
+// accepted and refused connect with p, best-effort and never blocking the
+// handshake: gateway.Config{ConnectAuditor: auditapi.ConnectAuditor(p, log)}.
+// An event the stream does not take is logged and lost.
+func ConnectAuditor(p *audit.Publisher, log *slog.Logger) gateway.ConnectAuditor {
+	return &connectAuditor{p: p, log: log, slots: make(chan struct{}, maxConnectAuditsInFlight)}
+}
+
+type connectAuditor struct {
+	p       *audit.Publisher
+	log     *slog.Logger
+	slots   chan struct{}
+	dropped atomic.Int64
+}
+
+// AuditConnect publishes r in the background.
+func (a *connectAuditor) AuditConnect(r gateway.ConnectAudit) {
+	select {
+	case a.slots <- struct{}{}:
+	default:
+		// Log the first drop and then every thousandth, not each one.
+		if n := a.dropped.Add(1); n%1000 == 1 {
+			a.log.Warn("audit: connect events dropped, too many in flight", "dropped", n)
+		}
+		return
+	}
+	go func() {
+		defer func() { <-a.slots }()
+		e := ConnectEvent(r)
+		if err := a.p.Publish(context.Background(), e); err != nil {
+			a.log.Warn("audit: connect event not recorded", "kind", e.Kind, "tenant", e.Tenant, "err", err)
+		}
+	}()
+}
+
+// ConnectEvent converts the gateway's record of a connect. A connect
+// refused before its token was accepted has no tenant: it is recorded
+// under audit.TenantUnknown.
+func ConnectEvent(r gateway.ConnectAudit) audit.Event {
+	e := audit.Event{
+		Time: r.Time, Kind: audit.KindOperatorAuthFail, Tenant: r.Principal.Tenant, Principal: r.Principal.ID,
+		PrincipalName: r.Principal.Name, Role: r.Principal.Role, Node: r.NodeID, Outcome: gateway.OutcomeRejected,
+		ErrorCode: r.ErrorCode, Instance: r.Instance,
+	}
+	if r.Accepted {
+		e.Kind, e.Outcome = audit.KindOperatorConnect, gateway.OutcomeOK
+	}
+	if e.Tenant == "" {
+		e.Tenant = audit.TenantUnknown
+	}
+	e.Detail = "role=" + r.Role + " client=" + strconv.Quote(r.ClientID) + " mode=" + strconv.Quote(r.ClientMode) +
+		" remote=" + r.RemoteIP + " conn=" + r.ConnID
+	if r.Reason != "" {
+		e.Detail += " reason=" + strconv.Quote(r.Reason)
 	}
 	return e
 }

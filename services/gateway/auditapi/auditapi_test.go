@@ -180,3 +180,26 @@ func TestEventsAPI(t *testing.T) {
 		}
 	}
 }
+
+// TestConnectEvent: a connect refused after its token was accepted (here
+// a node host's bad device signature) belongs to the token's tenant; one
+// refused before has none and goes to the pseudo-tenant.
+func TestConnectEvent(t *testing.T) {
+	p := access.Principal{Tenant: "acme", ID: "tok_op", Name: "ci", Role: access.RoleOperator}
+	e := auditapi.ConnectEvent(gateway.ConnectAudit{Time: time.Now(), Instance: "gw-1", ConnID: "c1", RemoteIP: "10.1.2.3",
+		Role: "node", ClientID: "node-host", ClientMode: "node", Principal: p,
+		ErrorCode: "DEVICE_AUTH_SIGNATURE_INVALID", Reason: "device signature invalid"})
+	if e.Kind != audit.KindOperatorAuthFail || e.Tenant != "acme" || e.Principal != "tok_op" || e.Outcome != gateway.OutcomeRejected ||
+		e.ErrorCode != "DEVICE_AUTH_SIGNATURE_INVALID" || e.Instance != "gw-1" ||
+		e.Detail != `role=node client="node-host" mode="node" remote=10.1.2.3 conn=c1 reason="device signature invalid"` {
+		t.Fatalf("refused after the token: %+v", e)
+	}
+	e = auditapi.ConnectEvent(gateway.ConnectAudit{Role: "operator", ErrorCode: "PROTOCOL_MISMATCH"})
+	if e.Tenant != audit.TenantUnknown || e.Principal != "" || e.Kind != audit.KindOperatorAuthFail {
+		t.Fatalf("refused before the token: %+v", e)
+	}
+	e = auditapi.ConnectEvent(gateway.ConnectAudit{Accepted: true, Principal: p, Role: "operator"})
+	if e.Kind != audit.KindOperatorConnect || e.Tenant != "acme" || e.Outcome != gateway.OutcomeOK || e.ErrorCode != "" {
+		t.Fatalf("accepted: %+v", e)
+	}
+}

@@ -26,6 +26,12 @@ type Audit struct {
 // Auditor is the gateways' audit hook.
 func (a *Audit) Auditor() gateway.Auditor { return auditapi.InvokeAuditor(a.Publisher) }
 
+// ConnectAuditor is a gateway's best-effort hook for connects and refused
+// connects.
+func (a *Audit) ConnectAuditor(log *slog.Logger) gateway.ConnectAuditor {
+	return auditapi.ConnectAuditor(a.Publisher, log)
+}
+
 func openAudit(ctx context.Context, cfg Config, nc *nats.Conn, t *Tenancy, log *slog.Logger) (*Audit, error) {
 	a := &Audit{}
 	var err error

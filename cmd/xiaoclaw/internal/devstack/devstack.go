@@ -360,6 +360,8 @@ func (s *Stack) AddGateway(name, addr string) (*Component, error) {
 		Auditor:    s.Audit.Auditor(),
 		AdminAPI:   adminRoutes(s.Tenancy.AdminAPI, s.Audit.API),
 
+		ConnectAuditor: s.Audit.ConnectAuditor(s.cfg.Log),
+
 		Ops:            s.cfg.Ops,
 		TracerProvider: s.cfg.GatewayTracerProvider,
 		Registerer:     s.cfg.Registerer,

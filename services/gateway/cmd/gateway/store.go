@@ -27,6 +27,7 @@ type backend struct {
 	auth       access.Authenticator
 	policy     *policy.Engine
 	auditor    gateway.Auditor
+	connects   gateway.ConnectAuditor
 	api        http.Handler
 	runners    []func(context.Context) error // audit writer and collector
 	watcherFor func(svc *gateway.Service) func(context.Context) error
@@ -90,6 +91,7 @@ func openBackend(ctx context.Context, dsn string, nc *nats.Conn, static access.S
 		return nil, fmt.Errorf("audit publisher: %w", err)
 	}
 	b.auditor = auditapi.InvokeAuditor(pub)
+	b.connects = auditapi.ConnectAuditor(pub, log)
 	if runAuditWriter {
 		w, err := audit.NewWriter(nc, b.audit, audit.WriterConfig{}, log)
 		if err != nil {
