@@ -240,6 +240,11 @@ func (s *Schemas) describe(ve *jsonschema.ValidationError) string {
 		}
 	}
 	walk(ve)
+	// The validator reports object properties in map order: sort by
+	// argument so the same call always gets the same message.
+	slices.SortStableFunc(leaves, func(a, b *jsonschema.ValidationError) int {
+		return strings.Compare(strings.Join(a.InstanceLocation, "."), strings.Join(b.InstanceLocation, "."))
+	})
 	var b strings.Builder
 	for i, l := range leaves {
 		if i == 3 {

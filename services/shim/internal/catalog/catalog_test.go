@@ -61,7 +61,7 @@ func TestValidateNamesArgumentAndRule(t *testing.T) {
 		{"self.audio_speaker.set_volume", ``, `missing argument "volume"`},
 		{"self.light.set_rgb", `{}`, `missing arguments "r", "g"`},
 		{"self.light.set_rgb", `{"r":1,"g":2,"b":3}`, `unexpected argument(s) "b"`},
-		{"self.light.set_rgb", `{"r":"x","g":"y"}`, `argument "r": got string, want integer; argument "g": got string, want integer`},
+		{"self.light.set_rgb", `{"r":"x","g":"y"}`, `argument "g": got string, want integer; argument "r": got string, want integer`},
 		{"self.get_device_status", `{"anything":[1,2]}`, ""},
 		{"self.no_schema", `{"anything":1}`, ""},
 		{"self.audio_speaker.set_volume", `{"volume":`, "arguments are not valid JSON"},
