@@ -17,6 +17,7 @@ import (
 
 	paho "github.com/eclipse/paho.mqtt.golang"
 
+	"github.com/xiaoclaw/xiaoclaw/pkg/activation"
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
 	"github.com/xiaoclaw/xiaoclaw/pkg/xzsim"
 	"github.com/xiaoclaw/xiaoclaw/services/devicehub"
@@ -446,7 +447,7 @@ func TestMQTTSubscriptionsLimitedToOwnTopic(t *testing.T) {
 
 func TestActivationFlow(t *testing.T) {
 	e := newEnv(t)
-	acts := devicehub.NewMemoryActivations(devicehub.ActivationsConfig{})
+	acts := activation.NewMemory(activation.Config{})
 	hub := startMQTTHub(t, e, func(c *devicehub.Config) {
 		c.Auth = devicehub.StaticCredentials{Token: "tok-acme", Tenant: "acme"}
 		c.OTA = devicehub.OTAConfig{Credentials: devicehub.StaticCredentials{Token: "tok-acme", Tenant: "acme"}, Activations: acts}
@@ -474,7 +475,7 @@ func TestActivationFlow(t *testing.T) {
 	if st := postActivate(t, hub, mac, `{}`); st != http.StatusAccepted {
 		t.Fatalf("activate before binding: %d", st)
 	}
-	if _, err := acts.Bind(ctx, "000000", "acme"); !errors.Is(err, devicehub.ErrActivationNotFound) && code != "000000" {
+	if _, err := acts.Bind(ctx, "000000", "acme"); !errors.Is(err, activation.ErrNotFound) && code != "000000" {
 		t.Fatalf("binding an unknown code: %v", err)
 	}
 	if _, err := acts.Bind(ctx, code, "acme"); err != nil {
@@ -490,7 +491,7 @@ func TestActivationFlow(t *testing.T) {
 	if ev.Tenant != "acme" || ev.Transport != wire.TransportMQTT {
 		t.Fatalf("online after activation: %+v", ev)
 	}
-	if _, err := acts.Bind(ctx, code, "acme"); !errors.Is(err, devicehub.ErrActivationNotFound) {
+	if _, err := acts.Bind(ctx, code, "acme"); !errors.Is(err, activation.ErrNotFound) {
 		t.Fatalf("a code binds once: %v", err)
 	}
 }

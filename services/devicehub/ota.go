@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/xiaoclaw/xiaoclaw/pkg/activation"
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
 	"github.com/xiaoclaw/xiaoclaw/services/devicehub/internal/xzproto"
 )
@@ -29,7 +30,7 @@ type OTAConfig struct {
 	// the OTA endpoints. *tenancy.DeviceAuth, or StaticCredentials.
 	Credentials CredentialMinter
 	// Activations binds devices to tenants. nil: in memory (one hub).
-	Activations Activations
+	Activations activation.Store
 	// AutoActivateTenant binds every device unknown to Activations to this
 	// tenant at its first request (xiaoclaw dev: the dev tenant). Empty:
 	// unknown devices get an activation code an operator must bind.
@@ -82,7 +83,7 @@ func (o *OTAConfig) validate() error {
 type otaHandler struct {
 	s   *Service
 	cfg *OTAConfig
-	act Activations
+	act activation.Store
 }
 
 func (s *Service) mountOTA() {
@@ -98,7 +99,7 @@ func (s *Service) mountOTA() {
 	}
 	act := o.Activations
 	if act == nil {
-		act = NewMemoryActivations(ActivationsConfig{})
+		act = activation.NewMemory(activation.Config{})
 	}
 	h := &otaHandler{s: s, cfg: o, act: act}
 	s.router.Post(OTAPath, h.serveOTA)
@@ -213,10 +214,10 @@ func (h *otaHandler) serveOTA(w http.ResponseWriter, r *http.Request) {
 
 // tenantOf returns the device's tenant, binding it to AutoActivateTenant
 // when it has none; with no tenant, the pending activation.
-func (h *otaHandler) tenantOf(ctx context.Context, device string, req xzproto.OTARequest) (string, Activation, error) {
+func (h *otaHandler) tenantOf(ctx context.Context, device string, req xzproto.OTARequest) (string, activation.Record, error) {
 	tenant, err := h.act.TenantOf(ctx, device)
 	if err != nil || tenant != "" {
-		return tenant, Activation{}, err
+		return tenant, activation.Record{}, err
 	}
 	act, err := h.act.Request(ctx, device, req.DeviceID, req.ClientID)
 	if err != nil || act.Bound() {
@@ -270,10 +271,10 @@ func (h *otaHandler) serveActivate(w http.ResponseWriter, r *http.Request) {
 
 // pendingOrBound returns the device's tenant, or its pending activation
 // (auto-activating it when configured), without creating a new code.
-func (h *otaHandler) pendingOrBound(ctx context.Context, device string) (string, Activation, error) {
+func (h *otaHandler) pendingOrBound(ctx context.Context, device string) (string, activation.Record, error) {
 	act, err := h.act.Lookup(ctx, device)
-	if errors.Is(err, ErrActivationNotFound) {
-		return "", Activation{}, nil
+	if errors.Is(err, activation.ErrNotFound) {
+		return "", activation.Record{}, nil
 	}
 	if err != nil || act.Bound() {
 		return act.Tenant, act, err

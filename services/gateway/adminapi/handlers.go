@@ -3,6 +3,7 @@ package adminapi
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"slices"
@@ -12,6 +13,7 @@ import (
 	"github.com/go-chi/chi/v5"
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/access"
+	"github.com/xiaoclaw/xiaoclaw/pkg/activation"
 	"github.com/xiaoclaw/xiaoclaw/pkg/policy"
 	"github.com/xiaoclaw/xiaoclaw/pkg/tenancy"
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
@@ -372,6 +374,19 @@ type Activator interface {
 	// Activate binds code to tenant and returns the device id it belongs
 	// to; an unknown or expired code is tenancy.ErrNotFound.
 	Activate(ctx context.Context, code, tenant string) (device string, err error)
+}
+
+// ActivationBinder adapts the shared activation store to the Activator.
+func ActivationBinder(store activation.Store) Activator { return binder{store} }
+
+type binder struct{ store activation.Store }
+
+func (b binder) Activate(ctx context.Context, code, tenant string) (string, error) {
+	rec, err := b.store.Bind(ctx, code, tenant)
+	if errors.Is(err, activation.ErrNotFound) {
+		return "", fmt.Errorf("activation code %s: %w", code, tenancy.ErrNotFound)
+	}
+	return rec.Device, err
 }
 
 // ActivateRequest binds an activation code.

@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/xiaoclaw/xiaoclaw/pkg/activation"
 	"github.com/xiaoclaw/xiaoclaw/pkg/audit"
 	"github.com/xiaoclaw/xiaoclaw/pkg/natsembed"
 	"github.com/xiaoclaw/xiaoclaw/pkg/tenancy"
@@ -122,7 +123,7 @@ type Stack struct {
 	// replicas (each would open its own in production).
 	Tenancy *Tenancy
 	// Activations are the devices' activation codes, shared by the hubs.
-	Activations devicehub.Activations
+	Activations activation.Store
 	// Audit is the audit trail; its writer and collector run as components.
 	Audit *Audit
 	tenNC *nats.Conn
@@ -188,7 +189,7 @@ func Start(ctx context.Context, cfg Config) (*Stack, error) {
 		s.Close()
 		return nil, err
 	}
-	if s.Activations, err = devicehub.NewKVActivations(ctx, js, devicehub.ActivationsConfig{}); err != nil {
+	if s.Activations, err = activation.NewKV(ctx, js, activation.Config{}); err != nil {
 		s.Close()
 		return nil, fmt.Errorf("activations: %w", err)
 	}

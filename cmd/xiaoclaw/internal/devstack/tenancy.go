@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/access"
+	"github.com/xiaoclaw/xiaoclaw/pkg/activation"
 	"github.com/xiaoclaw/xiaoclaw/pkg/deviceauth"
 	"github.com/xiaoclaw/xiaoclaw/pkg/policy"
 	"github.com/xiaoclaw/xiaoclaw/pkg/tenancy"
@@ -38,7 +39,7 @@ type Tenancy struct {
 
 // openTenancy opens the store (Postgres when databaseURL is set, else SQLite
 // in dataDir), migrates it, seeds the dev tenant and builds the rest.
-func openTenancy(ctx context.Context, cfg Config, nc *nats.Conn, acts devicehub.Activations, log *slog.Logger) (*Tenancy, error) {
+func openTenancy(ctx context.Context, cfg Config, nc *nats.Conn, acts activation.Store, log *slog.Logger) (*Tenancy, error) {
 	var (
 		store *tenancy.SQLStore
 		err   error
@@ -84,7 +85,7 @@ func openTenancy(ctx context.Context, cfg Config, nc *nats.Conn, acts devicehub.
 		admins = []string{cfg.AdminToken}
 	}
 	if t.AdminAPI, err = adminapi.New(adminapi.Config{Manager: t.Manager, Operators: t.OperatorAuth, Policy: t.Policy,
-		AdminTokens: admins, Activator: activator{acts}, Log: log}); err != nil {
+		AdminTokens: admins, Activator: adminapi.ActivationBinder(acts), Log: log}); err != nil {
 		return fail(err)
 	}
 	return t, nil
@@ -125,16 +126,4 @@ func (t *Tenancy) watcher(nc *nats.Conn, log *slog.Logger, recheck tenancy.Chang
 		handlers = append(handlers, recheck)
 	}
 	return tenancy.NewWatcher(nc, tenancy.WatcherConfig{Store: t.Store}, log, handlers...)
-}
-
-// activator lets the admin API bind activation codes in the devicehubs'
-// shared activation store.
-type activator struct{ acts devicehub.Activations }
-
-func (a activator) Activate(ctx context.Context, code, tenant string) (string, error) {
-	act, err := a.acts.Bind(ctx, code, tenant)
-	if errors.Is(err, devicehub.ErrActivationNotFound) {
-		return "", fmt.Errorf("activation code %s: %w", code, tenancy.ErrNotFound)
-	}
-	return act.Device, err
 }

@@ -20,6 +20,7 @@ import (
 	"go.opentelemetry.io/otel"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/xiaoclaw/xiaoclaw/pkg/activation"
 	"github.com/xiaoclaw/xiaoclaw/pkg/deviceauth"
 	"github.com/xiaoclaw/xiaoclaw/pkg/telemetry"
 	"github.com/xiaoclaw/xiaoclaw/pkg/tenancy"
@@ -132,7 +133,7 @@ func run(args []string) error {
 	if err != nil {
 		return err
 	}
-	acts, err := devicehub.NewKVActivations(ctx, js, devicehub.ActivationsConfig{})
+	acts, err := activation.NewKV(ctx, js, activation.Config{})
 	if err != nil {
 		return fmt.Errorf("activations: %w", err)
 	}

@@ -7,8 +7,10 @@ import (
 	"net/http"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/access"
+	"github.com/xiaoclaw/xiaoclaw/pkg/activation"
 	"github.com/xiaoclaw/xiaoclaw/pkg/audit"
 	"github.com/xiaoclaw/xiaoclaw/pkg/policy"
 	"github.com/xiaoclaw/xiaoclaw/pkg/telemetry"
@@ -70,7 +72,18 @@ func openBackend(ctx context.Context, dsn string, nc *nats.Conn, static access.S
 	if adminToken != "" {
 		admins = []string{adminToken}
 	}
-	admin, err := adminapi.New(adminapi.Config{Manager: mgr, Operators: b.auth, Policy: b.policy, AdminTokens: admins, Log: log})
+	js, err := jetstream.New(nc)
+	if err != nil {
+		b.close()
+		return nil, err
+	}
+	acts, err := activation.NewKV(ctx, js, activation.Config{})
+	if err != nil {
+		b.close()
+		return nil, fmt.Errorf("activations: %w", err)
+	}
+	admin, err := adminapi.New(adminapi.Config{Manager: mgr, Operators: b.auth, Policy: b.policy, AdminTokens: admins,
+		Activator: adminapi.ActivationBinder(acts), Log: log})
 	if err != nil {
 		b.close()
 		return nil, err

@@ -1,4 +1,10 @@
-package devicehub
+// Package activation binds XiaoZhi devices to tenants with the 6-digit codes
+// they show: the devicehub's OTA endpoint issues a code for an unknown
+// device, an operator binds it to a tenant through the admin API, and every
+// hub then knows the device's tenant. Codes live in a JetStream KV bucket
+// (wire.BucketActivation) so hubs and gateways share them; an in-memory
+// store serves a single process.
+package activation
 
 import (
 	"context"
@@ -16,9 +22,9 @@ import (
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
 )
 
-// Activation is a device waiting for an operator to bind it to a tenant
+// Record is a device waiting for an operator to bind it to a tenant
 // (Code set), or a device bound to one (Tenant set).
-type Activation struct {
+type Record struct {
 	Device    string    `json:"device"`              // canonical device id
 	DeviceRaw string    `json:"deviceRaw,omitempty"` // Device-Id as sent
 	ClientID  string    `json:"clientId,omitempty"`
@@ -31,38 +37,38 @@ type Activation struct {
 }
 
 // Bound reports whether the device belongs to a tenant.
-func (a Activation) Bound() bool { return a.Tenant != "" }
+func (a Record) Bound() bool { return a.Tenant != "" }
 
-// ErrActivationNotFound: no pending activation has that code (unknown or
+// ErrNotFound: no pending activation has that code (unknown or
 // expired), or the device has none.
-var ErrActivationNotFound = errors.New("no pending activation with that code")
+var ErrNotFound = errors.New("no pending activation with that code")
 
-// Activations binds devices to tenants with activation codes. The OTA
+// Store binds devices to tenants with activation codes. The OTA
 // endpoint asks TenantOf for every device and Request for unknown ones; an
 // operator binds a code with Bind (the admin API: `xiaoclaw device
 // activate CODE --tenant T`). Implementations are safe for concurrent use.
-type Activations interface {
+type Store interface {
 	// TenantOf returns the tenant the device (canonical id) is bound to,
 	// or "" when it is bound to none.
 	TenantOf(ctx context.Context, device string) (string, error)
 	// Lookup returns the device's activation, bound or pending with a
-	// valid code; ErrActivationNotFound otherwise.
-	Lookup(ctx context.Context, device string) (Activation, error)
+	// valid code; ErrNotFound otherwise.
+	Lookup(ctx context.Context, device string) (Record, error)
 	// Request returns the device's activation: the bound one, the pending
 	// one while its code is valid, else a new pending one with a fresh
 	// code and challenge.
-	Request(ctx context.Context, device, deviceRaw, clientID string) (Activation, error)
+	Request(ctx context.Context, device, deviceRaw, clientID string) (Record, error)
 	// Pending returns the pending activation of code, or
-	// ErrActivationNotFound.
-	Pending(ctx context.Context, code string) (Activation, error)
+	// ErrNotFound.
+	Pending(ctx context.Context, code string) (Record, error)
 	// Bind binds the device waiting under code to tenant and returns the
-	// bound activation; the code is used up. ErrActivationNotFound when
+	// bound activation; the code is used up. ErrNotFound when
 	// no valid code matches.
-	Bind(ctx context.Context, code, tenant string) (Activation, error)
+	Bind(ctx context.Context, code, tenant string) (Record, error)
 }
 
-// ActivationsConfig tunes the Activations implementations.
-type ActivationsConfig struct {
+// Config tunes the Store implementations.
+type Config struct {
 	// CodeTTL is how long a code stays valid; default 1 h. A device asks
 	// again at its next OTA request and gets a new one.
 	CodeTTL time.Duration
@@ -70,7 +76,7 @@ type ActivationsConfig struct {
 	Now func() time.Time
 }
 
-func (c *ActivationsConfig) setDefaults() {
+func (c *Config) setDefaults() {
 	if c.CodeTTL <= 0 {
 		c.CodeTTL = time.Hour
 	}
@@ -79,18 +85,18 @@ func (c *ActivationsConfig) setDefaults() {
 	}
 }
 
-// NewMemoryActivations keeps activations in this process: enough for one
-// hub (xiaoclaw dev). Use NewKVActivations to share them across hubs and
+// NewMemory keeps activations in this process: enough for one
+// hub (xiaoclaw dev). Use NewKV to share them across hubs and
 // the gateway's admin API.
-func NewMemoryActivations(cfg ActivationsConfig) Activations {
+func NewMemory(cfg Config) Store {
 	cfg.setDefaults()
 	return &activations{cfg: cfg, store: &memoryKV{m: map[string]memoryEntry{}}}
 }
 
-// NewKVActivations keeps activations in the JetStream KV bucket
+// NewKV keeps activations in the JetStream KV bucket
 // wire.BucketActivation (created if missing), so that every hub and the
 // admin API of another process see the same codes and bindings.
-func NewKVActivations(ctx context.Context, js jetstream.JetStream, cfg ActivationsConfig) (Activations, error) {
+func NewKV(ctx context.Context, js jetstream.JetStream, cfg Config) (Store, error) {
 	cfg.setDefaults()
 	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
 		Bucket:      wire.BucketActivation,
@@ -104,23 +110,23 @@ func NewKVActivations(ctx context.Context, js jetstream.JetStream, cfg Activatio
 	return &activations{cfg: cfg, store: natsKV{kv}}, nil
 }
 
-// activations implements Activations over a compare-and-set key-value store.
+// activations implements Store over a compare-and-set key-value store.
 type activations struct {
-	cfg   ActivationsConfig
+	cfg   Config
 	store casStore
 }
 
 func deviceKeyOf(device string) string { return "device." + device }
 func codeKeyOf(code string) string     { return "code." + code }
 
-func (a *activations) get(ctx context.Context, device string) (Activation, uint64, error) {
+func (a *activations) get(ctx context.Context, device string) (Record, uint64, error) {
 	raw, rev, err := a.store.get(ctx, deviceKeyOf(device))
 	if err != nil {
-		return Activation{}, 0, err
+		return Record{}, 0, err
 	}
-	var act Activation
+	var act Record
 	if err := json.Unmarshal(raw, &act); err != nil {
-		return Activation{}, 0, fmt.Errorf("activation record of %s: %w", device, err)
+		return Record{}, 0, fmt.Errorf("activation record of %s: %w", device, err)
 	}
 	return act, rev, nil
 }
@@ -136,17 +142,17 @@ func (a *activations) TenantOf(ctx context.Context, device string) (string, erro
 	return act.Tenant, nil
 }
 
-func (a *activations) Lookup(ctx context.Context, device string) (Activation, error) {
+func (a *activations) Lookup(ctx context.Context, device string) (Record, error) {
 	act, _, err := a.get(ctx, device)
 	if errors.Is(err, errNoKey) || err == nil && !act.Bound() && !a.cfg.Now().Before(act.ExpiresAt) {
-		return Activation{}, ErrActivationNotFound
+		return Record{}, ErrNotFound
 	}
 	return act, err
 }
 
-func (a *activations) Request(ctx context.Context, device, deviceRaw, clientID string) (Activation, error) {
+func (a *activations) Request(ctx context.Context, device, deviceRaw, clientID string) (Record, error) {
 	if c, err := wire.CanonicalDevice(device); err != nil || c != device {
-		return Activation{}, fmt.Errorf("device %q is not a canonical device id", device)
+		return Record{}, fmt.Errorf("device %q is not a canonical device id", device)
 	}
 	for attempt := 0; attempt < 5; attempt++ {
 		now := a.cfg.Now()
@@ -155,12 +161,12 @@ func (a *activations) Request(ctx context.Context, device, deviceRaw, clientID s
 		case err == nil && (old.Bound() || now.Before(old.ExpiresAt)):
 			return old, nil
 		case err != nil && !errors.Is(err, errNoKey):
-			return Activation{}, err
+			return Record{}, err
 		}
-		act := Activation{Device: device, DeviceRaw: deviceRaw, ClientID: clientID, Challenge: randomHex(16),
+		act := Record{Device: device, DeviceRaw: deviceRaw, ClientID: clientID, Challenge: randomHex(16),
 			CreatedAt: now, ExpiresAt: now.Add(a.cfg.CodeTTL)}
 		if act.Code, err = a.reserveCode(ctx, device); err != nil {
-			return Activation{}, err
+			return Record{}, err
 		}
 		data, _ := json.Marshal(act)
 		if rev == 0 {
@@ -174,14 +180,14 @@ func (a *activations) Request(ctx context.Context, device, deviceRaw, clientID s
 		}
 		if err != nil {
 			_ = a.store.delete(ctx, codeKeyOf(act.Code))
-			return Activation{}, err
+			return Record{}, err
 		}
 		if rev != 0 && old.Code != "" {
 			_ = a.store.delete(ctx, codeKeyOf(old.Code)) // the expired code
 		}
 		return act, nil
 	}
-	return Activation{}, errors.New("activation record keeps changing; try again")
+	return Record{}, errors.New("activation record keeps changing; try again")
 }
 
 // reserveCode claims an unused 6-digit code for device.
@@ -208,53 +214,53 @@ func (a *activations) reserveCode(ctx context.Context, device string) (string, e
 // staleCode reports whether code no longer belongs to a pending activation.
 func (a *activations) staleCode(ctx context.Context, code string) bool {
 	_, err := a.Pending(ctx, code)
-	return errors.Is(err, ErrActivationNotFound)
+	return errors.Is(err, ErrNotFound)
 }
 
-func (a *activations) Pending(ctx context.Context, code string) (Activation, error) {
+func (a *activations) Pending(ctx context.Context, code string) (Record, error) {
 	act, _, err := a.pending(ctx, code)
 	return act, err
 }
 
-func (a *activations) pending(ctx context.Context, code string) (Activation, uint64, error) {
+func (a *activations) pending(ctx context.Context, code string) (Record, uint64, error) {
 	if !validCode(code) {
-		return Activation{}, 0, ErrActivationNotFound
+		return Record{}, 0, ErrNotFound
 	}
 	device, _, err := a.store.get(ctx, codeKeyOf(code))
 	if errors.Is(err, errNoKey) {
-		return Activation{}, 0, ErrActivationNotFound
+		return Record{}, 0, ErrNotFound
 	}
 	if err != nil {
-		return Activation{}, 0, err
+		return Record{}, 0, err
 	}
 	act, rev, err := a.get(ctx, string(device))
 	if errors.Is(err, errNoKey) {
-		return Activation{}, 0, ErrActivationNotFound
+		return Record{}, 0, ErrNotFound
 	}
 	if err != nil {
-		return Activation{}, 0, err
+		return Record{}, 0, err
 	}
 	if act.Bound() || act.Code != code || !a.cfg.Now().Before(act.ExpiresAt) {
-		return Activation{}, 0, ErrActivationNotFound
+		return Record{}, 0, ErrNotFound
 	}
 	return act, rev, nil
 }
 
-func (a *activations) Bind(ctx context.Context, code, tenant string) (Activation, error) {
+func (a *activations) Bind(ctx context.Context, code, tenant string) (Record, error) {
 	if err := wire.ValidTenant(tenant); err != nil {
-		return Activation{}, err
+		return Record{}, err
 	}
 	act, rev, err := a.pending(ctx, code)
 	if err != nil {
-		return Activation{}, err
+		return Record{}, err
 	}
 	act.Tenant, act.Code, act.Challenge, act.ExpiresAt, act.BoundAt = tenant, "", "", time.Time{}, a.cfg.Now()
 	data, _ := json.Marshal(act)
 	if _, err := a.store.update(ctx, deviceKeyOf(act.Device), data, rev); err != nil {
 		if errors.Is(err, errConflict) {
-			return Activation{}, ErrActivationNotFound // bound or renewed meanwhile
+			return Record{}, ErrNotFound // bound or renewed meanwhile
 		}
-		return Activation{}, err
+		return Record{}, err
 	}
 	_ = a.store.delete(ctx, codeKeyOf(code))
 	return act, nil

@@ -1,4 +1,4 @@
-package devicehub_test
+package activation_test
 
 import (
 	"context"
@@ -8,20 +8,25 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/xiaoclaw/xiaoclaw/services/devicehub"
+	"github.com/xiaoclaw/xiaoclaw/pkg/activation"
+	"github.com/xiaoclaw/xiaoclaw/pkg/natsembed"
 )
 
 // TestActivationsShared: a code issued by one hub's Activations is bound
 // through another instance on its own NATS connection (the gateway's admin
 // API), and every instance then knows the device's tenant.
 func TestActivationsSharedThroughNATSKV(t *testing.T) {
-	e := newEnv(t)
-	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	ns, err := natsembed.Start(natsembed.Config{StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(ns.Shutdown)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	now := time.Now()
 	clock := func() time.Time { return now }
-	open := func(name string) devicehub.Activations {
-		nc, err := e.ns.Connect(name)
+	open := func(name string) activation.Store {
+		nc, err := ns.Connect(name)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -30,7 +35,7 @@ func TestActivationsSharedThroughNATSKV(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		a, err := devicehub.NewKVActivations(ctx, js, devicehub.ActivationsConfig{CodeTTL: time.Minute, Now: clock})
+		a, err := activation.NewKV(ctx, js, activation.Config{CodeTTL: time.Minute, Now: clock})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -59,7 +64,7 @@ func TestActivationsSharedThroughNATSKV(t *testing.T) {
 	if tenant, err := hubA.TenantOf(ctx, "aabbccddee01"); err != nil || tenant != "acme" {
 		t.Fatalf("tenant seen by the hub: %q %v", tenant, err)
 	}
-	if _, err := admin.Bind(ctx, act.Code, "acme"); !errors.Is(err, devicehub.ErrActivationNotFound) {
+	if _, err := admin.Bind(ctx, act.Code, "acme"); !errors.Is(err, activation.ErrNotFound) {
 		t.Fatalf("code reused: %v", err)
 	}
 
@@ -69,10 +74,10 @@ func TestActivationsSharedThroughNATSKV(t *testing.T) {
 		t.Fatal(err)
 	}
 	now = now.Add(2 * time.Minute)
-	if _, err := admin.Bind(ctx, other.Code, "acme"); !errors.Is(err, devicehub.ErrActivationNotFound) {
+	if _, err := admin.Bind(ctx, other.Code, "acme"); !errors.Is(err, activation.ErrNotFound) {
 		t.Fatalf("expired code bound: %v", err)
 	}
-	if _, err := hubA.Lookup(ctx, "aabbccddee02"); !errors.Is(err, devicehub.ErrActivationNotFound) {
+	if _, err := hubA.Lookup(ctx, "aabbccddee02"); !errors.Is(err, activation.ErrNotFound) {
 		t.Fatalf("expired activation still pending: %v", err)
 	}
 	renewed, err := hubA.Request(ctx, "aabbccddee02", "", "")
