@@ -282,13 +282,31 @@ func (s *Stack) start(name string, nc *nats.Conn, svc runner) (*Component, error
 	return c, nil
 }
 
-// AddHub starts another devicehub replica listening on addr for WebSocket
-// and OTA, and on mqttAddr for MQTT unless it is empty.
-func (s *Stack) AddHub(name, addr, mqttAddr string) (*Component, error) {
+// add connects a replica to NATS on its own connection, builds it with
+// build, runs it until its component stops and records it with keep.
+func add[S any](s *Stack, name string, build func(*nats.Conn) (S, runner, error), keep func(S)) (*Component, error) {
 	nc, err := s.connect(name)
 	if err != nil {
 		return nil, err
 	}
+	svc, run, err := build(nc)
+	if err != nil {
+		nc.Close()
+		return nil, err
+	}
+	c, err := s.start(name, nc, run)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	keep(svc)
+	s.mu.Unlock()
+	return c, nil
+}
+
+// AddHub starts another devicehub replica listening on addr for WebSocket
+// and OTA, and on mqttAddr for MQTT unless it is empty.
+func (s *Stack) AddHub(name, addr, mqttAddr string) (*Component, error) {
 	cfg := devicehub.Config{
 		Instance:   name,
 		DeviceAddr: addr,
@@ -307,52 +325,26 @@ func (s *Stack) AddHub(name, addr, mqttAddr string) (*Component, error) {
 	if s.cfg.TuneHub != nil {
 		s.cfg.TuneHub(&cfg)
 	}
-	svc, err := devicehub.New(cfg, nc, s.cfg.Log)
-	if err != nil {
-		nc.Close()
-		return nil, err
-	}
-	c, err := s.start(name, nc, svc)
-	if err != nil {
-		return nil, err
-	}
-	s.mu.Lock()
-	s.Hubs = append(s.Hubs, svc)
-	s.mu.Unlock()
-	return c, nil
+	return add(s, name, func(nc *nats.Conn) (*devicehub.Service, runner, error) {
+		svc, err := devicehub.New(cfg, nc, s.cfg.Log)
+		return svc, svc, err
+	}, func(svc *devicehub.Service) { s.Hubs = append(s.Hubs, svc) })
 }
 
 // AddShim starts another shim replica.
 func (s *Stack) AddShim(name string) (*Component, error) {
-	nc, err := s.connect(name)
-	if err != nil {
-		return nil, err
-	}
 	cfg := shim.Config{Instance: name, TracerProvider: s.cfg.ShimTracerProvider, Registerer: s.cfg.Registerer}
 	if s.cfg.TuneShim != nil {
 		s.cfg.TuneShim(&cfg)
 	}
-	svc, err := shim.New(cfg, nc, s.cfg.Log)
-	if err != nil {
-		nc.Close()
-		return nil, err
-	}
-	c, err := s.start(name, nc, svc)
-	if err != nil {
-		return nil, err
-	}
-	s.mu.Lock()
-	s.Shims = append(s.Shims, svc)
-	s.mu.Unlock()
-	return c, nil
+	return add(s, name, func(nc *nats.Conn) (*shim.Service, runner, error) {
+		svc, err := shim.New(cfg, nc, s.cfg.Log)
+		return svc, svc, err
+	}, func(svc *shim.Service) { s.Shims = append(s.Shims, svc) })
 }
 
 // AddGateway starts another gateway replica listening on addr.
 func (s *Stack) AddGateway(name, addr string) (*Component, error) {
-	nc, err := s.connect(name)
-	if err != nil {
-		return nil, err
-	}
 	cfg := gateway.Config{
 		Addr:       addr,
 		Instance:   name,
@@ -370,46 +362,35 @@ func (s *Stack) AddGateway(name, addr string) (*Component, error) {
 	if s.cfg.TuneGateway != nil {
 		s.cfg.TuneGateway(&cfg)
 	}
-	svc, err := gateway.New(cfg, nc, s.cfg.Log)
-	if err != nil {
-		nc.Close()
-		return nil, err
-	}
-	c, err := s.start(name, nc, gatewayWithWatcher{svc, s.Tenancy.watcher(nc, s.cfg.Log, svc)})
-	if err != nil {
-		return nil, err
-	}
-	s.mu.Lock()
-	s.Gateways = append(s.Gateways, svc)
-	s.mu.Unlock()
-	return c, nil
+	return add(s, name, func(nc *nats.Conn) (*gateway.Service, runner, error) {
+		svc, err := gateway.New(cfg, nc, s.cfg.Log)
+		if err != nil {
+			return nil, nil, err
+		}
+		return svc, gatewayWithWatcher{svc, s.Tenancy.watcher(nc, s.cfg.Log, svc)}, nil
+	}, func(svc *gateway.Service) { s.Gateways = append(s.Gateways, svc) })
 }
 
 // startAuditWorkers runs the audit writer (stream → store) and the collector
 // (device sessions and tenancy changes → stream), each on its own connection.
 func (s *Stack) startAuditWorkers() error {
-	nc, err := s.connect("audit-writer")
+	_, err := add(s, "audit-writer", func(nc *nats.Conn) (*audit.Writer, runner, error) {
+		w, err := audit.NewWriter(nc, s.Audit.Store, audit.WriterConfig{}, s.cfg.Log)
+		if err != nil {
+			return nil, nil, err
+		}
+		return w, readyAtOnce(w.Run), nil
+	}, func(*audit.Writer) {})
 	if err != nil {
 		return err
 	}
-	w, err := audit.NewWriter(nc, s.Audit.Store, audit.WriterConfig{}, s.cfg.Log)
-	if err != nil {
-		nc.Close()
-		return err
-	}
-	if _, err := s.start("audit-writer", nc, readyAtOnce(w.Run)); err != nil {
-		return err
-	}
-	cnc, err := s.connect("audit-collector")
-	if err != nil {
-		return err
-	}
-	col, err := audit.NewCollector(cnc, s.Audit.Publisher, s.cfg.Log)
-	if err != nil {
-		cnc.Close()
-		return err
-	}
-	_, err = s.start("audit-collector", cnc, readyAtOnce(col.Run))
+	_, err = add(s, "audit-collector", func(nc *nats.Conn) (*audit.Collector, runner, error) {
+		c, err := audit.NewCollector(nc, s.Audit.Publisher, s.cfg.Log)
+		if err != nil {
+			return nil, nil, err
+		}
+		return c, readyAtOnce(c.Run), nil
+	}, func(*audit.Collector) {})
 	return err
 }
 
