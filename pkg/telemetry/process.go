@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -60,4 +61,21 @@ func (p *Process) Shutdown() {
 	if err := p.Tracer.Shutdown(ctx); err != nil {
 		p.Log.Warn("tracer shutdown", "err", err)
 	}
+}
+
+// ConnectNATS connects to NATS for ever-retrying use by a service, logs
+// disconnects and reconnects on log, and exports the connection state as
+// the xiaoclaw_nats_connected gauge with the service label.
+func (p *Process) ConnectNATS(url, name, label string, log *slog.Logger) (*nats.Conn, error) {
+	nc, err := nats.Connect(url, nats.Name(name), nats.MaxReconnects(-1),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { log.Warn("NATS disconnected", "err", err) }),
+		nats.ReconnectHandler(func(c *nats.Conn) { log.Info("NATS reconnected", "url", c.ConnectedUrlRedacted()) }))
+	if err != nil {
+		return nil, fmt.Errorf("connect NATS %s: %w", url, err)
+	}
+	if err := RegisterNATSConnected(p.Registry, label, nc); err != nil {
+		nc.Close()
+		return nil, err
+	}
+	return nc, nil
 }

@@ -110,20 +110,12 @@ func run(args []string) error {
 	tp, reg, level := proc.Tracer, proc.Registry, proc.Level
 	otel.SetErrorHandler(telemetry.ErrorHandler(log, time.Minute))
 
-	nc, err := nats.Connect(*natsURL,
-		nats.Name("devicehub "+*instance),
-		nats.MaxReconnects(-1),
-		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { log.Warn("devicehub: NATS disconnected", "err", err) }),
-		nats.ReconnectHandler(func(c *nats.Conn) { log.Info("devicehub: NATS reconnected", "url", c.ConnectedUrlRedacted()) }),
-	)
+	nc, err := proc.ConnectNATS(*natsURL, "devicehub "+*instance, telemetry.LabelDevicehub, log)
 	if err != nil {
-		return fmt.Errorf("connect NATS %s: %w", *natsURL, err)
+		return err
 	}
 	defer nc.Close()
 
-	if err := telemetry.RegisterNATSConnected(reg, telemetry.LabelDevicehub, nc); err != nil {
-		return err
-	}
 	devAuth, minter, watch, closeStore, err := deviceCredentials(ctx, nc, *databaseURL, auth, log)
 	if err != nil {
 		return err

@@ -94,17 +94,12 @@ func run(args []string) error {
 	log, tp, reg, level := proc.Log, proc.Tracer, proc.Registry, proc.Level
 	otel.SetErrorHandler(telemetry.ErrorHandler(log, time.Minute))
 
-	nc, err := nats.Connect(*natsURL, nats.Name("xiaoclaw-gateway "+*instance), nats.MaxReconnects(-1),
-		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { log.Warn("NATS disconnected", "err", err) }),
-		nats.ReconnectHandler(func(c *nats.Conn) { log.Info("NATS reconnected", "url", c.ConnectedUrlRedacted()) }))
+	nc, err := proc.ConnectNATS(*natsURL, "xiaoclaw-gateway "+*instance, telemetry.LabelGateway, log)
 	if err != nil {
-		return fmt.Errorf("connect NATS %s: %w", *natsURL, err)
+		return err
 	}
 	defer nc.Close()
 
-	if err := telemetry.RegisterNATSConnected(reg, telemetry.LabelGateway, nc); err != nil {
-		return err
-	}
 	cfg := gateway.Config{
 		Addr:             *addr,
 		Instance:         *instance,

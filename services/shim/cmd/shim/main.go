@@ -76,20 +76,12 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	log, tp, reg, level := proc.Log, proc.Tracer, proc.Registry, proc.Level
 	otel.SetErrorHandler(telemetry.ErrorHandler(log, time.Minute))
 
-	nc, err := nats.Connect(*natsURL,
-		nats.Name("shim "+*instance),
-		nats.MaxReconnects(-1),
-		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { log.Warn("NATS disconnected", "err", err) }),
-		nats.ReconnectHandler(func(c *nats.Conn) { log.Info("NATS reconnected", "url", c.ConnectedUrlRedacted()) }),
-	)
+	nc, err := proc.ConnectNATS(*natsURL, "shim "+*instance, telemetry.LabelShim, log)
 	if err != nil {
-		return fmt.Errorf("connect NATS %s: %w", *natsURL, err)
+		return err
 	}
 	defer nc.Close()
 
-	if err := telemetry.RegisterNATSConnected(reg, telemetry.LabelShim, nc); err != nil {
-		return err
-	}
 	cfg.TracerProvider, cfg.Registerer = tp, reg
 	svc, err := shim.New(cfg, nc, log)
 	if err != nil {
