@@ -112,7 +112,7 @@ func run(args []string) error {
 	}
 	var be *backend
 	if *databaseURL != "" {
-		if be, err = openBackend(ctx, *databaseURL, nc, auth, *adminToken, *auditWriter, log); err != nil {
+		if be, err = openBackend(ctx, *databaseURL, nc, auth, *adminToken, *auditWriter, reg, log); err != nil {
 			return err
 		}
 		defer be.close()

@@ -8,6 +8,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/access"
 	"github.com/xiaoclaw/xiaoclaw/pkg/activation"
@@ -31,15 +32,17 @@ type backend struct {
 	auditor    gateway.Auditor
 	connects   gateway.ConnectAuditor
 	api        http.Handler
-	runners    []func(context.Context) error // audit writer and collector
+	db         *telemetry.DBHealth           // the db readiness check and xiaoclaw_db_connected
+	runners    []func(context.Context) error // database pings; audit writer, collector and lag monitor
 	watcherFor func(svc *gateway.Service) func(context.Context) error
 }
 
 // openBackend connects to Postgres, applies pending migrations (idempotent
 // and advisory-locked, so replicas and the migrations Job may race) and
 // builds the stores' users. static tokens are tried before the store's.
+// reg receives the database and audit backlog gauges.
 func openBackend(ctx context.Context, dsn string, nc *nats.Conn, static access.StaticTokens, adminToken string,
-	runAuditWriter bool, log *slog.Logger) (*backend, error) {
+	runAuditWriter bool, reg prometheus.Registerer, log *slog.Logger) (*backend, error) {
 	b := &backend{}
 	var err error
 	if b.tenancy, err = tenancy.OpenPostgres(ctx, dsn); err != nil {
@@ -53,6 +56,14 @@ func openBackend(ctx context.Context, dsn string, nc *nats.Conn, static access.S
 		b.close()
 		return nil, fmt.Errorf("audit store: %w", err)
 	}
+	if b.db, err = telemetry.NewDBHealth(telemetry.DBHealthConfig{Ping: b.tenancy.DB().PingContext}, log); err == nil {
+		err = b.db.Register(reg, telemetry.LabelGateway)
+	}
+	if err != nil {
+		b.close()
+		return nil, err
+	}
+	b.runners = append(b.runners, b.db.Run)
 	mgr, err := tenancy.NewManager(tenancy.ManagerConfig{Store: b.tenancy, CheckRule: policy.CheckRule,
 		Notify: tenancy.NATSNotifier(nc), Log: log})
 	if err != nil {
@@ -116,7 +127,12 @@ func openBackend(ctx context.Context, dsn string, nc *nats.Conn, static access.S
 			b.close()
 			return nil, err
 		}
-		b.runners = append(b.runners, w.Run, c.Run)
+		lag, err := audit.NewLagMonitor(nc, audit.LagMonitorConfig{Registerer: reg}, log)
+		if err != nil {
+			b.close()
+			return nil, err
+		}
+		b.runners = append(b.runners, w.Run, c.Run, lag.Run)
 	}
 	b.watcherFor = func(svc *gateway.Service) func(context.Context) error {
 		// Caches first, then the re-check of live connections.
@@ -128,7 +144,7 @@ func openBackend(ctx context.Context, dsn string, nc *nats.Conn, static access.S
 
 // checks are the readiness checks of the database.
 func (b *backend) checks() []telemetry.Check {
-	return []telemetry.Check{telemetry.PingCheck("db", func(ctx context.Context) error { return b.tenancy.DB().PingContext(ctx) })}
+	return []telemetry.Check{b.db.Check()}
 }
 
 func (b *backend) close() {
