@@ -116,11 +116,18 @@ func run(args []string) error {
 	}
 	defer nc.Close()
 
-	devAuth, minter, watch, closeStore, err := deviceCredentials(ctx, nc, *databaseURL, auth, log)
+	creds, err := deviceCredentials(ctx, nc, *databaseURL, auth, log)
 	if err != nil {
 		return err
 	}
-	defer closeStore()
+	defer creds.close()
+	checks := []telemetry.Check{telemetry.NATSCheck(nc)}
+	if creds.db != nil {
+		if err := creds.db.Register(reg, telemetry.LabelDevicehub); err != nil {
+			return err
+		}
+		checks = append(checks, creds.db.Check())
+	}
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return err
@@ -130,9 +137,9 @@ func run(args []string) error {
 		return fmt.Errorf("activations: %w", err)
 	}
 	svc, err := devicehub.New(devicehub.Config{
-		Instance: *instance, DeviceAddr: *deviceAddr, Auth: devAuth,
+		Instance: *instance, DeviceAddr: *deviceAddr, Auth: creds.auth,
 		MQTTAddr: *mqttAddr, UDPPublicHost: *udpHost,
-		OTA: devicehub.OTAConfig{Credentials: minter, Activations: acts, AutoActivateTenant: *autoActivate,
+		OTA: devicehub.OTAConfig{Credentials: creds.minter, Activations: acts, AutoActivateTenant: *autoActivate,
 			WebSocketURL: *publicURL, MQTTEndpoint: *mqttEndpoint},
 		CallTimeout: *callTimeout, IdleTimeout: *idleTimeout, WithUserTools: *withUserTools, Version: version,
 		TracerProvider: tp, Registerer: reg,
@@ -142,7 +149,7 @@ func run(args []string) error {
 	}
 	ops, err := telemetry.NewOpsServer(telemetry.OpsConfig{
 		Addr: *opsAddr, Gatherer: reg, LogLevel: level,
-		Checks: []telemetry.Check{telemetry.NATSCheck(nc), telemetry.ChannelCheck("devicehub", svc.Ready())},
+		Checks: append(checks, telemetry.ChannelCheck("devicehub", svc.Ready())),
 	}, log)
 	if err != nil {
 		return err
@@ -151,41 +158,57 @@ func run(args []string) error {
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return ops.Run(gctx) })
 	g.Go(func() error { return svc.Run(gctx) })
-	if watch != nil {
-		g.Go(func() error { return watch(gctx) })
+	for _, run := range creds.runners {
+		g.Go(func() error { return run(gctx) })
 	}
 	return g.Wait()
+}
+
+// credentials are the devicehub's device authentication and OTA
+// credential minter, with what keeps them working.
+type credentials struct {
+	auth   deviceauth.Authenticator
+	minter devicehub.CredentialMinter
+	// db tracks the tenancy store's database; nil without one.
+	db *telemetry.DBHealth
+	// runners keep the key cache current and ping the database.
+	runners []func(context.Context) error
+	close   func()
 }
 
 // deviceCredentials builds device authentication and the OTA credential
 // minter: the tenancy store's HMAC keys when a database is configured, after
 // the static tokens; with only one static token, that token's tenant.
-// The returned watch keeps the key cache current (nil without a database).
-func deviceCredentials(ctx context.Context, nc *nats.Conn, dsn string, static deviceauth.StaticTokens, log *slog.Logger) (
-	auth deviceauth.Authenticator, minter devicehub.CredentialMinter, watch func(context.Context) error, closeStore func(), err error) {
+func deviceCredentials(ctx context.Context, nc *nats.Conn, dsn string, static deviceauth.StaticTokens, log *slog.Logger) (*credentials, error) {
 	if dsn == "" {
+		c := &credentials{auth: static, close: func() {}}
 		if len(static) == 1 {
 			for tok, tenant := range static {
-				minter = devicehub.StaticCredentials{Token: tok, Tenant: tenant}
+				c.minter = devicehub.StaticCredentials{Token: tok, Tenant: tenant}
 			}
 		}
-		return static, minter, nil, func() {}, nil
+		return c, nil
 	}
 	store, err := tenancy.OpenPostgres(ctx, dsn)
 	if err != nil {
-		return nil, nil, nil, nil, fmt.Errorf("tenancy store: %w", err)
+		return nil, fmt.Errorf("tenancy store: %w", err)
 	}
 	keys, err := tenancy.NewDeviceAuth(store, tenancy.DeviceAuthConfig{}, log)
 	if err != nil {
 		store.Close()
-		return nil, nil, nil, nil, err
+		return nil, err
 	}
-	auth = keys
+	db, err := telemetry.NewDBHealth(telemetry.DBHealthConfig{Ping: store.DB().PingContext}, log)
+	if err != nil {
+		store.Close()
+		return nil, err
+	}
+	c := &credentials{auth: keys, minter: keys, db: db, close: func() { store.Close() }}
 	if len(static) > 0 {
-		auth = tenancy.DeviceChain{static, keys}
+		c.auth = tenancy.DeviceChain{static, keys}
 	}
-	w := tenancy.NewWatcher(nc, tenancy.WatcherConfig{Store: store}, log, keys)
-	return auth, keys, w.Run, func() { store.Close() }, nil
+	c.runners = []func(context.Context) error{tenancy.NewWatcher(nc, tenancy.WatcherConfig{Store: store}, log, keys).Run, db.Run}
+	return c, nil
 }
 
 // envFallback sets every flag not given on the command line from
