@@ -53,11 +53,11 @@ func (t *devTelemetry) stackConfig(c *devstack.Config) {
 	c.Ops = &t.ops
 }
 
-// serve builds the ops endpoints once the stack runs: readiness is every
-// replica's NATS connection and start, metrics include each service's NATS
-// gauge.
+// serve builds the ops endpoints once the stack runs: readiness is the
+// database and every replica's NATS connection and start, metrics include
+// each service's NATS gauge.
 func (t *devTelemetry) serve(st *devstack.Stack, level *slog.LevelVar) error {
-	var checks []telemetry.Check
+	checks := []telemetry.Check{st.DB.Check()}
 	labelled := map[string]bool{}
 	for _, c := range st.Components {
 		nats := telemetry.NATSCheck(c.NATS())

@@ -82,6 +82,32 @@ func adminRoutes(admin, auditAPI http.Handler) http.Handler {
 	return mux
 }
 
+// runTogether runs every run until ctx is done or one fails, and returns
+// the first error.
+func runTogether(runs ...func(context.Context) error) func(context.Context) error {
+	return func(ctx context.Context) error {
+		ctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		errs := make(chan error, len(runs))
+		for _, run := range runs {
+			go func() {
+				err := run(ctx)
+				if err != nil {
+					cancel()
+				}
+				errs <- err
+			}()
+		}
+		var first error
+		for range runs {
+			if err := <-errs; err != nil && first == nil {
+				first = err
+			}
+		}
+		return first
+	}
+}
+
 // ready adapts a component that is ready as soon as it runs.
 type ready struct {
 	run func(context.Context) error

@@ -24,6 +24,7 @@ import (
 	"github.com/xiaoclaw/xiaoclaw/pkg/activation"
 	"github.com/xiaoclaw/xiaoclaw/pkg/audit"
 	"github.com/xiaoclaw/xiaoclaw/pkg/natsembed"
+	"github.com/xiaoclaw/xiaoclaw/pkg/telemetry"
 	"github.com/xiaoclaw/xiaoclaw/pkg/tenancy"
 	"github.com/xiaoclaw/xiaoclaw/services/devicehub"
 	"github.com/xiaoclaw/xiaoclaw/services/gateway"
@@ -69,8 +70,9 @@ type Config struct {
 	// tracing for that service.
 	GatewayTracerProvider, ShimTracerProvider, HubTracerProvider trace.TracerProvider
 	// Registerer receives the metrics of every replica (they tell
-	// themselves apart by the service label); nil: each replica keeps its
-	// own private registry.
+	// themselves apart by the service label), the database gauge and the
+	// audit backlog and lag; nil: each replica keeps its own private
+	// registry and the stack exports neither gauge.
 	Registerer prometheus.Registerer
 	// Ops, when set, is mounted by every gateway on its HTTP port for
 	// /healthz, /readyz, /metrics and /debug/loglevel.
@@ -126,7 +128,14 @@ type Stack struct {
 	Activations activation.Store
 	// Audit is the audit trail; its writer and collector run as components.
 	Audit *Audit
+	// DB knows whether the tenancy store's database answers: the "db"
+	// readiness check and, with a Registerer, xiaoclaw_db_connected of the
+	// gateway and the devicehub, which share that store here.
+	DB    *telemetry.DBHealth
 	tenNC *nats.Conn
+	// background runs what is no replica (the database pings) until Close.
+	background     sync.WaitGroup
+	stopBackground context.CancelFunc
 	// Components in start order; Close stops them in reverse.
 	Components []*Component
 	mu         sync.Mutex
@@ -194,6 +203,10 @@ func Start(ctx context.Context, cfg Config) (*Stack, error) {
 		return nil, fmt.Errorf("activations: %w", err)
 	}
 	if s.Tenancy, err = openTenancy(ctx, cfg, tnc, s.Activations, cfg.Log); err != nil {
+		s.Close()
+		return nil, err
+	}
+	if err := s.watchDatabase(); err != nil {
 		s.Close()
 		return nil, err
 	}
@@ -371,15 +384,44 @@ func (s *Stack) AddGateway(name, addr string) (*Component, error) {
 	}, func(svc *gateway.Service) { s.Gateways = append(s.Gateways, svc) })
 }
 
-// startAuditWorkers runs the audit writer (stream → store) and the collector
-// (device sessions and tenancy changes → stream), each on its own connection.
+// watchDatabase pings the tenancy store's database until Close and, with a
+// Registerer, exports the answer for the services that use it.
+func (s *Stack) watchDatabase() error {
+	db, err := telemetry.NewDBHealth(telemetry.DBHealthConfig{Ping: s.Tenancy.Store.DB().PingContext}, s.cfg.Log)
+	if err != nil {
+		return err
+	}
+	if s.cfg.Registerer != nil {
+		for _, service := range []string{telemetry.LabelGateway, telemetry.LabelDevicehub} {
+			if err := db.Register(s.cfg.Registerer, service); err != nil {
+				return err
+			}
+		}
+	}
+	s.DB = db
+	ctx, cancel := context.WithCancel(s.ctx)
+	s.stopBackground = cancel
+	s.background.Go(func() { _ = db.Run(ctx) })
+	return nil
+}
+
+// startAuditWorkers runs the audit writer (stream → store), with a
+// Registerer the monitor of its backlog and lag, and the collector (device
+// sessions and tenancy changes → stream), each on its own connection.
 func (s *Stack) startAuditWorkers() error {
 	_, err := add(s, "audit-writer", func(nc *nats.Conn) (*audit.Writer, runner, error) {
 		w, err := audit.NewWriter(nc, s.Audit.Store, audit.WriterConfig{}, s.cfg.Log)
 		if err != nil {
 			return nil, nil, err
 		}
-		return w, readyAtOnce(w.Run), nil
+		if s.cfg.Registerer == nil {
+			return w, readyAtOnce(w.Run), nil
+		}
+		lag, err := audit.NewLagMonitor(nc, audit.LagMonitorConfig{Registerer: s.cfg.Registerer}, s.cfg.Log)
+		if err != nil {
+			return nil, nil, err
+		}
+		return w, readyAtOnce(runTogether(w.Run, lag.Run)), nil
 	}, func(*audit.Writer) {})
 	if err != nil {
 		return err
@@ -431,6 +473,10 @@ func (s *Stack) Close() {
 		default:
 			_ = comps[i].Stop()
 		}
+	}
+	if s.stopBackground != nil {
+		s.stopBackground()
+		s.background.Wait()
 	}
 	if s.Audit != nil {
 		s.Audit.close()
