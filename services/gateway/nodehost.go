@@ -98,6 +98,11 @@ func (s *Service) attachNodeHost(c *conn, p *protocol.ConnectParams) error {
 		return err
 	}
 	h.regRev.Store(rev)
+	// A newer session's record may have reached the watcher while this
+	// Put was in flight; onRegistryChange skipped it then (no revision yet
+	// to compare), so compare now. Either this check or that callback,
+	// which runs after the watcher's copy is updated, sees both revisions.
+	s.closeIfReplaced(c, s.reg.Get(tenant, c.nodeID))
 	s.publishNodeEvent(tenant, c.nodeID, wire.EventNodeConnected, nil)
 	s.log.Info("node host connected", "tenant", tenant, "node", c.nodeID, "name", rec.DisplayName, "remote", c.remoteIP)
 	return nil
@@ -153,7 +158,16 @@ func (s *Service) onRegistryChange(tenant, nodeID string, next *registry.Node) {
 	s.mu.RLock()
 	c := s.nodeHosts[wire.NodeKey(tenant, nodeID)]
 	s.mu.RUnlock()
-	if c == nil || next.SessionID == c.id {
+	if c != nil {
+		s.closeIfReplaced(c, next)
+	}
+}
+
+// closeIfReplaced closes node host c when next is a connected record of
+// another session written after c's own. Before c's record is written
+// (revision 0) nothing is decided: attachNodeHost checks again after.
+func (s *Service) closeIfReplaced(c *conn, next *registry.Node) {
+	if next == nil || next.Kind != wire.NodeKindOpenClaw || !next.Connected || next.SessionID == c.id {
 		return
 	}
 	if rev := c.nodeHost.regRev.Load(); rev != 0 && next.Revision > rev {
