@@ -108,9 +108,9 @@ func FaultCode(err error) string {
 	}
 }
 
-// CallInfo names what a span is about. Empty fields are left out. Helpers
-// take it by value and turn it into attributes only when the span records,
-// so a disabled tracer costs no allocations.
+// CallInfo names what a span is about. Empty fields are left out. Spans
+// turn it into attributes only when they end, and only when they record, so
+// a disabled tracer costs no allocations.
 type CallInfo struct {
 	Tenant    string
 	Principal string
@@ -119,6 +119,22 @@ type CallInfo struct {
 	Command   string
 	Tool      string
 	RequestID string
+}
+
+// merge sets the fields of c that o has.
+func (c *CallInfo) merge(o CallInfo) {
+	set := func(dst *string, v string) {
+		if v != "" {
+			*dst = v
+		}
+	}
+	set(&c.Tenant, o.Tenant)
+	set(&c.Principal, o.Principal)
+	set(&c.Node, o.Node)
+	set(&c.Device, o.Device)
+	set(&c.Command, o.Command)
+	set(&c.Tool, o.Tool)
+	set(&c.RequestID, o.RequestID)
 }
 
 // Attributes appends the non-empty fields of c to dst as xiaoclaw.* attributes.

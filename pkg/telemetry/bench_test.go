@@ -45,42 +45,45 @@ func BenchmarkSpan(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
 				_, span := telemetry.StartOperatorRequest(context.Background(), tr, "node.invoke", validTP, benchInfo)
-				telemetry.EndSpan(span, "", nil)
+				span.End("", nil)
 			}
 		})
 	}
 }
 
-// BenchmarkInvokeSpans: the five spans of one node.invoke across the three
+// BenchmarkInvokeSpans: the four spans of one node.invoke across the three
 // services as docs/observability.md lays them out (operator request, shim
-// handler, shim request, devicehub handler, device call), with the header
-// inject/extract between them, without the I/O.
+// handler, devicehub handler, device call), with the header inject/extract
+// between them and the facts each hop learns late, without the I/O.
 func BenchmarkInvokeSpans(b *testing.B) {
 	for _, name := range []string{"off", "sdk-unsampled", "sdk-sampled"} {
 		tr := benchProviders(b)[name].Tracer(telemetry.ScopeName)
 		b.Run(name, func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
-				ctx, op := telemetry.StartOperatorRequest(context.Background(), tr, "node.invoke", "", benchInfo)
+				ctx, op := telemetry.StartOperatorRequest(context.Background(), tr, "node.invoke", "",
+					telemetry.CallInfo{Tenant: benchInfo.Tenant, Principal: benchInfo.Principal, RequestID: "r-1"})
+				op.AddInfo(telemetry.CallInfo{Node: benchInfo.Node, Command: benchInfo.Command, Tool: benchInfo.Tool})
+				op.AddPolicyDecision(telemetry.EffectAllow, "p1")
 				m1 := &nats.Msg{Subject: "xc.acme.node.invoke"}
 				telemetry.InjectMsg(ctx, m1)
-				sctx, h1 := telemetry.StartNATSHandler(context.Background(), tr, m1, benchInfo)
+				sctx, h1 := telemetry.StartNATSHandler(context.Background(), tr, m1, telemetry.CallInfo{})
+				h1.AddInfo(telemetry.CallInfo{Node: benchInfo.Node, Command: benchInfo.Command})
 				m2 := &nats.Msg{Subject: "xc.acme.dev.a1b2c3d4e5f6.rpc"}
-				_, c2 := telemetry.StartNATSRequest(sctx, tr, m2, benchInfo)
+				telemetry.InjectMsg(sctx, m2)
 				hctx, h2 := telemetry.StartNATSHandler(context.Background(), tr, m2, telemetry.CallInfo{})
-				_, dev := telemetry.StartDeviceCall(hctx, tr, "tools/call", 7, "websocket", benchInfo)
-				telemetry.EndSpan(dev, "", nil)
-				telemetry.EndSpan(h2, "", nil)
-				telemetry.EndNATSRequest(c2, nil, nil)
-				telemetry.EndSpan(h1, "", nil)
-				telemetry.EndSpan(op, "", nil)
+				_, dev := telemetry.StartDeviceCall(hctx, tr, "tools/call", 7, "websocket", telemetry.CallInfo{Tool: benchInfo.Tool})
+				dev.End("", nil)
+				h2.End("", nil)
+				h1.End("", nil)
+				op.End("", nil)
 			}
 		})
 	}
 }
 
 // BenchmarkNATSRoundTrip: a request/reply over a real (embedded) NATS
-// server, bare versus with a client span, header propagation and a handler
+// server, bare versus with a sender span, header propagation and a handler
 // span; the ratio is the tracing cost of one hop.
 func BenchmarkNATSRoundTrip(b *testing.B) {
 	_, connect := startNATS(b)
@@ -99,7 +102,7 @@ func BenchmarkNATSRoundTrip(b *testing.B) {
 			}
 			_, span := telemetry.StartNATSHandler(context.Background(), tr, msg, telemetry.CallInfo{})
 			_ = msg.Respond(msg.Data)
-			telemetry.EndSpan(span, "", nil)
+			span.End("", nil)
 		})
 		if err != nil {
 			b.Fatal(err)
@@ -116,9 +119,11 @@ func BenchmarkNATSRoundTrip(b *testing.B) {
 						b.Fatal(err)
 					}
 				} else {
-					rctx, span := telemetry.StartNATSRequest(ctx, tr, msg, benchInfo)
-					res, err := client.RequestMsgWithContext(rctx, msg)
-					telemetry.EndNATSRequest(span, res, err)
+					// The sender's side: a span whose context the request carries.
+					rctx, span := telemetry.StartOperatorRequest(ctx, tr, "node.invoke", "", benchInfo)
+					telemetry.InjectMsg(rctx, msg)
+					_, err := client.RequestMsgWithContext(rctx, msg)
+					span.End(telemetry.FaultCode(err), err)
 					if err != nil {
 						b.Fatal(err)
 					}

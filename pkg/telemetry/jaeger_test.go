@@ -124,13 +124,14 @@ func TestJaegerReceivesAndServesTraces(t *testing.T) {
 			ctx, span := telemetry.StartOperatorRequest(context.Background(), tr, "node.invoke", "",
 				telemetry.CallInfo{Tenant: "acme", Node: "xz-a1b2c3d4e5f6", Tool: "self.light.on"})
 			msg := nats.NewMsg("xc.acme.node.invoke")
-			_, child := telemetry.StartNATSRequest(ctx, tr, msg, telemetry.CallInfo{})
-			telemetry.EndSpan(child, "", nil)
-			telemetry.EndSpan(span, "", nil)
+			telemetry.InjectMsg(ctx, msg)
+			_, child := telemetry.StartNATSHandler(context.Background(), tr, msg, telemetry.CallInfo{})
+			child.End("", nil)
+			span.End("", nil)
 			if err := tp.Shutdown(context.Background()); err != nil {
 				t.Fatalf("export to Jaeger: %v", err)
 			}
-			traceID := span.SpanContext().TraceID().String()
+			traceID, _ := telemetry.TraceIDs(ctx)
 
 			var got jaegerTrace
 			deadline := time.Now().Add(15 * time.Second)
@@ -159,7 +160,7 @@ func TestJaegerReceivesAndServesTraces(t *testing.T) {
 				}
 			}
 			parent, ok1 := byName["node.invoke"]
-			kid, ok2 := byName["request xc.{tenant}.node.invoke"]
+			kid, ok2 := byName["process xc.{tenant}.node.invoke"]
 			if !ok1 || !ok2 {
 				t.Fatalf("span names %v", byName)
 			}

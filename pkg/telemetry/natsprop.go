@@ -52,6 +52,9 @@ func (c HeaderCarrier) Keys() []string {
 // tracestate when there is one). Without a valid span context it writes
 // nothing. h must not be nil.
 func InjectHeader(ctx context.Context, h nats.Header) {
+	if !compiledIn {
+		return
+	}
 	sc := trace.SpanContextFromContext(ctx)
 	if !sc.IsValid() {
 		return
@@ -66,6 +69,9 @@ func InjectHeader(ctx context.Context, h nats.Header) {
 
 // InjectMsg is InjectHeader for a message, creating its header when needed.
 func InjectMsg(ctx context.Context, msg *nats.Msg) {
+	if !compiledIn {
+		return
+	}
 	sc := trace.SpanContextFromContext(ctx)
 	if !sc.IsValid() {
 		return
@@ -80,7 +86,7 @@ func InjectMsg(ctx context.Context, msg *nats.Msg) {
 // parent of the next span. A missing or invalid traceparent leaves ctx as it
 // is (a bad tracestate is dropped, the traceparent still counts).
 func ExtractHeader(ctx context.Context, h nats.Header) context.Context {
-	if len(h) == 0 {
+	if !compiledIn || len(h) == 0 {
 		return ctx
 	}
 	c := HeaderCarrier(h)

@@ -1,176 +1,230 @@
 package telemetry
 
 import (
+	"cmp"
 	"context"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/nats-io/nats.go"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
 	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
 )
 
-// The span helpers below start spans under a constant name and set the
-// real name and the attributes only when the span records: with tracing off
-// or the trace not sampled they allocate nothing beyond the tracer's own work.
+// Span is one service's span of a call: the OpenTelemetry span and the
+// facts about the call that become its attributes when it ends. A hop learns
+// about its call in stages (the gateway reads the node and command after the
+// span starts, the shim after parsing), and the SDK grows and de-duplicates a
+// span's attribute list on every SetAttributes; gathering the facts here and
+// setting them once in End keeps a sampled span at one attribute allocation.
+//
+// The Start* helpers return a nil *Span when nothing records: tracing off,
+// compiled out, or the trace not sampled. Every method is safe on nil, so a
+// call site never asks; the context they return still carries the caller's
+// trace context (a remote parent, an unsampled span) for propagation.
+type Span struct {
+	span trace.Span
+	info CallInfo
+	kind spanKind
+	// name: the operator request's or device call's method; the NATS subject
+	// of a handler (its span name is derived at End).
+	name      string
+	transport string // device call: websocket or mqtt
+	rpcID     int64  // device call: the JSON-RPC id
+	invalidTP bool   // operator request: the frame's traceparent was ignored
+}
+
+type spanKind uint8
+
+const (
+	operatorSpan spanKind = iota
+	handlerSpan
+	deviceSpan
+)
 
 // StartOperatorRequest starts the SERVER span of one operator request frame
 // at the gateway (method "node.invoke", ...). traceparent is the optional
 // protocol-v4 field of the frame: when valid it becomes the remote parent,
 // otherwise the span starts a new trace (and records that an invalid value
-// was ignored).
-func StartOperatorRequest(ctx context.Context, tracer trace.Tracer, method, traceparent string, info CallInfo) (context.Context, trace.Span) {
+// was ignored). With tracing off the returned context still carries a valid
+// traceparent, so the caller's trace id reaches the audit row and the hops
+// after the gateway.
+func StartOperatorRequest(ctx context.Context, tracer trace.Tracer, method, traceparent string, info CallInfo) (context.Context, *Span) {
+	if !compiledIn {
+		return ctx, nil
+	}
 	var parented, invalid bool
 	if traceparent != "" {
 		if ctx, parented = ContextWithTraceparent(ctx, traceparent); !parented {
 			invalid = true
 		}
 	}
+	if isNoop(tracer) {
+		return ctx, nil
+	}
 	var span trace.Span
 	if parented {
-		ctx, span = tracer.Start(ctx, "operator.request", trace.WithSpanKind(trace.SpanKindServer))
+		ctx, span = tracer.Start(ctx, method, trace.WithSpanKind(trace.SpanKindServer))
 	} else {
-		ctx, span = tracer.Start(ctx, "operator.request", trace.WithSpanKind(trace.SpanKindServer), trace.WithNewRoot())
+		ctx, span = tracer.Start(ctx, method, trace.WithSpanKind(trace.SpanKindServer), trace.WithNewRoot())
 	}
-	if span.IsRecording() {
-		span.SetName(method)
-		attrs := make([]attribute.KeyValue, 0, 12)
-		attrs = append(attrs,
-			semconv.RPCSystemNameKey.String("openclaw"),
-			semconv.RPCMethod(method),
-			semconv.NetworkProtocolName("websocket"),
-		)
-		attrs = info.Attributes(attrs)
-		if invalid {
-			attrs = append(attrs, AttrTraceparentInvalid.Bool(true))
-		}
-		span.SetAttributes(attrs...)
+	if !span.IsRecording() {
+		return ctx, nil
 	}
-	return ctx, span
-}
-
-// StartNATSRequest starts the CLIENT span of a NATS request and writes its
-// trace context into msg's header; send msg with ctx, then call
-// EndNATSRequest. The span is named "request <subject template>", e.g.
-// "request xc.{tenant}.dev.{device}.rpc", so names and attributes stay low
-// in cardinality; the tenant (from the subject when info has none) and the
-// other ids go into xiaoclaw.* attributes.
-func StartNATSRequest(ctx context.Context, tracer trace.Tracer, msg *nats.Msg, info CallInfo) (context.Context, trace.Span) {
-	ctx, span := tracer.Start(ctx, "nats.request", trace.WithSpanKind(trace.SpanKindClient))
-	if span.IsRecording() {
-		setMessagingAttributes(span, "request", "send", msg, info)
-	}
-	InjectMsg(ctx, msg)
-	return ctx, span
-}
-
-// EndNATSRequest ends a span from StartNATSRequest with the outcome of the
-// request: the transport error, else the Xc-Fault header of the reply. When
-// the reply reports its error in the payload (wire.InvokeReply), decode it
-// and call EndSpan with its code instead.
-func EndNATSRequest(span trace.Span, reply *nats.Msg, err error) {
-	code := FaultCode(err)
-	if err == nil && reply != nil && reply.Header != nil {
-		code = reply.Header.Get(wire.HeaderFault)
-	}
-	EndSpan(span, code, err)
+	return ctx, &Span{span: span, kind: operatorSpan, name: method, info: info, invalidTP: invalid}
 }
 
 // StartNATSHandler starts the SERVER span of a handler of a NATS request or
 // message, as a child of the trace context in msg's header (a new trace when
-// there is none). Named "process <subject template>". End it with EndSpan.
-func StartNATSHandler(ctx context.Context, tracer trace.Tracer, msg *nats.Msg, info CallInfo) (context.Context, trace.Span) {
+// there is none). It is named "process <subject template>", e.g.
+// "process xc.{tenant}.dev.{device}.rpc", so names and attributes stay low in
+// cardinality; the tenant and device (from the subject when info has none)
+// and the other ids become xiaoclaw.* attributes. A request the handler sends
+// on carries this span's context (InjectMsg): no client span of its own, one
+// span per service and hop.
+func StartNATSHandler(ctx context.Context, tracer trace.Tracer, msg *nats.Msg, info CallInfo) (context.Context, *Span) {
+	if !compiledIn {
+		return ctx, nil
+	}
 	ctx = ExtractHeader(ctx, msg.Header)
+	if isNoop(tracer) {
+		return ctx, nil
+	}
 	ctx, span := tracer.Start(ctx, "nats.process", trace.WithSpanKind(trace.SpanKindServer))
-	if span.IsRecording() {
-		setMessagingAttributes(span, "process", "process", msg, info)
+	if !span.IsRecording() {
+		return ctx, nil
 	}
-	return ctx, span
-}
-
-func setMessagingAttributes(span trace.Span, op, opType string, msg *nats.Msg, info CallInfo) {
-	tmpl := SubjectTemplate(msg.Subject)
-	span.SetName(op + " " + tmpl)
-	if info.Tenant == "" || info.Device == "" {
-		if t, d, ok := wire.DeviceFromSubject(msg.Subject); ok {
-			info.Tenant, info.Device = orDefault(info.Tenant, t), orDefault(info.Device, d)
-		} else if t, ok := wire.TenantFromSubject(msg.Subject); ok && info.Tenant == "" {
-			info.Tenant = t
-		}
-	}
-	// destination.name holds the template: the real subject would put tenant
-	// and device ids into a field meant for grouping; they have attributes
-	// of their own.
-	attrs := make([]attribute.KeyValue, 0, 12)
-	attrs = append(attrs,
-		semconv.MessagingSystemKey.String("nats"),
-		semconv.MessagingOperationName(op),
-		semconv.MessagingOperationTypeKey.String(opType),
-		semconv.MessagingDestinationName(tmpl),
-	)
-	span.SetAttributes(info.Attributes(attrs)...)
-}
-
-func orDefault(v, def string) string {
-	if v != "" {
-		return v
-	}
-	return def
+	return ctx, &Span{span: span, kind: handlerSpan, name: msg.Subject, info: info}
 }
 
 // StartDeviceCall starts the CLIENT span of one JSON-RPC round trip between
 // the devicehub and a device (method "tools/call", ...): from writing the
 // request to the session until the matching reply, the deadline or the end
-// of the session. End it with EndSpan.
-func StartDeviceCall(ctx context.Context, tracer trace.Tracer, method string, requestID int64, transport string, info CallInfo) (context.Context, trace.Span) {
-	ctx, span := tracer.Start(ctx, "device.call", trace.WithSpanKind(trace.SpanKindClient))
-	if span.IsRecording() {
-		span.SetName(method)
-		attrs := make([]attribute.KeyValue, 0, 14)
-		attrs = append(attrs,
-			semconv.RPCSystemNameJSONRPC,
-			semconv.RPCMethod(method),
-			semconv.JSONRPCProtocolVersion("2.0"),
-			semconv.JSONRPCRequestID(strconv.FormatInt(requestID, 10)),
-			semconv.NetworkProtocolName(transport),
-		)
-		span.SetAttributes(info.Attributes(attrs)...)
+// of the session.
+func StartDeviceCall(ctx context.Context, tracer trace.Tracer, method string, requestID int64, transport string, info CallInfo) (context.Context, *Span) {
+	if !compiledIn || isNoop(tracer) {
+		return ctx, nil
 	}
-	return ctx, span
+	ctx, span := tracer.Start(ctx, method, trace.WithSpanKind(trace.SpanKindClient))
+	if !span.IsRecording() {
+		return ctx, nil
+	}
+	return ctx, &Span{span: span, kind: deviceSpan, name: method, transport: transport, rpcID: requestID, info: info}
 }
 
-// EndSpan records the outcome of a call and ends span. code is "" on
+// isNoop tells the tracer of a provider with tracing off, so the helpers
+// skip even the no-op span and its context.
+func isNoop(tracer trace.Tracer) bool {
+	_, ok := tracer.(noop.Tracer)
+	return ok
+}
+
+// Recording reports whether the span records (false on nil), for callers
+// that would compute an attribute only for it.
+func (s *Span) Recording() bool { return s != nil }
+
+// AddInfo adds the non-empty fields of info to what the span says about its
+// call when it ends.
+func (s *Span) AddInfo(info CallInfo) {
+	if s == nil {
+		return
+	}
+	s.info.merge(info)
+}
+
+// AddPolicyDecision records the gateway's policy decision on the span as an
+// event (cheaper than a span of its own).
+func (s *Span) AddPolicyDecision(effect, rule string) {
+	if s == nil {
+		return
+	}
+	s.span.AddEvent("policy.decision", trace.WithAttributes(AttrEffect.String(effect), AttrPolicyRule.String(rule)))
+}
+
+// attrBuffers recycles the attribute lists End builds: the SDK copies them
+// into the span, and a list of the span's size escapes to the heap through
+// the trace.Span interface on every call otherwise.
+var attrBuffers = sync.Pool{New: func() any { return new([maxSpanAttrs]attribute.KeyValue) }}
+
+// maxSpanAttrs bounds the attributes one span gets (the failure path's
+// included).
+const maxSpanAttrs = 16
+
+// End records the outcome of the call and ends the span. code is "" on
 // success, else a wire.Fault code or CodeDenied; err (optional) supplies the
 // status message. Failed calls get status Error, error.type and
 // xiaoclaw.error.code.
-func EndSpan(span trace.Span, code string, err error) {
-	if span.IsRecording() {
-		outcome := OutcomeOf(code)
-		if code == "" {
-			span.SetAttributes(AttrOutcome.String(outcome))
-		} else {
-			span.SetAttributes(AttrOutcome.String(outcome), AttrErrorCode.String(code), semconv.ErrorTypeKey.String(code))
-			msg := code
-			if err != nil {
-				msg = scrubString(err.Error())
-			}
-			span.SetStatus(codes.Error, msg)
-		}
-	}
-	span.End()
-}
-
-// AddPolicyDecision records the gateway's policy decision on the span of the
-// request as an event (cheaper than a span of its own).
-func AddPolicyDecision(span trace.Span, effect, rule string) {
-	if !span.IsRecording() {
+func (s *Span) End(code string, err error) {
+	if s == nil {
 		return
 	}
-	span.AddEvent("policy.decision", trace.WithAttributes(AttrEffect.String(effect), AttrPolicyRule.String(rule)))
+	buf := attrBuffers.Get().(*[maxSpanAttrs]attribute.KeyValue)
+	attrs := s.attributes(buf[:0])
+	attrs = append(attrs, AttrOutcome.String(OutcomeOf(code)))
+	if code != "" {
+		attrs = append(attrs, AttrErrorCode.String(code), semconv.ErrorTypeKey.String(code))
+	}
+	if s.kind == handlerSpan {
+		s.span.SetName("process " + SubjectTemplate(s.name))
+	}
+	s.span.SetAttributes(attrs...)
+	clear(attrs)
+	attrBuffers.Put(buf)
+	if code != "" {
+		msg := code
+		if err != nil {
+			msg = scrubString(err.Error())
+		}
+		s.span.SetStatus(codes.Error, msg)
+	}
+	s.span.End()
+}
+
+// attributes appends the span's attributes but the outcome: the semantic
+// conventions' for its kind, then the xiaoclaw.* ones. A successful call's
+// span stays within eight attributes, the most the SDK de-duplicates without
+// growing a map.
+func (s *Span) attributes(dst []attribute.KeyValue) []attribute.KeyValue {
+	info := s.info
+	switch s.kind {
+	case operatorSpan:
+		dst = append(dst, semconv.RPCSystemNameKey.String("openclaw"), semconv.RPCMethod(s.name))
+		if s.invalidTP {
+			dst = append(dst, AttrTraceparentInvalid.Bool(true))
+		}
+	case handlerSpan:
+		// destination.name holds the template: the real subject would put
+		// tenant and device ids into a field meant for grouping; they have
+		// attributes of their own.
+		dst = append(dst,
+			semconv.MessagingSystemKey.String("nats"),
+			semconv.MessagingOperationName("process"),
+			semconv.MessagingOperationTypeKey.String("process"),
+			semconv.MessagingDestinationName(SubjectTemplate(s.name)),
+		)
+		if info.Tenant == "" || info.Device == "" {
+			if t, d, ok := wire.DeviceFromSubject(s.name); ok {
+				info.Tenant, info.Device = cmp.Or(info.Tenant, t), cmp.Or(info.Device, d)
+			} else if t, ok := wire.TenantFromSubject(s.name); ok && info.Tenant == "" {
+				info.Tenant = t
+			}
+		}
+	case deviceSpan:
+		dst = append(dst,
+			semconv.RPCSystemNameJSONRPC,
+			semconv.RPCMethod(s.name),
+			semconv.JSONRPCProtocolVersion("2.0"),
+			semconv.JSONRPCRequestID(strconv.FormatInt(s.rpcID, 10)),
+			semconv.NetworkProtocolName(s.transport),
+		)
+	}
+	return info.Attributes(dst)
 }
 
 // TraceIDs returns the trace and span id of the span in ctx as lowercase hex,

@@ -98,9 +98,9 @@ func startMiniSystem(t testing.TB, rec *telemetrytest.Recorder, env map[string]s
 		} else {
 			reply.Data = r.res
 		}
-		telemetry.EndSpan(dspan, code, nil)
+		dspan.End(code, nil)
 		_ = msg.RespondMsg(reply)
-		telemetry.EndSpan(span, code, nil)
+		span.End(code, nil)
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -113,16 +113,15 @@ func startMiniSystem(t testing.TB, rec *telemetrytest.Recorder, env map[string]s
 		var req wire.InvokeRequest
 		_ = json.Unmarshal(msg.Data, &req)
 		tenant, _ := wire.TenantFromSubject(msg.Subject)
-		info := telemetry.CallInfo{Tenant: tenant, Node: req.NodeID, Command: req.Command}
-		ctx, span := telemetry.StartNATSHandler(context.Background(), shimTracer, msg, info)
+		ctx, span := telemetry.StartNATSHandler(context.Background(), shimTracer, msg, telemetry.CallInfo{})
+		span.AddInfo(telemetry.CallInfo{Node: req.NodeID, Command: req.Command})
 		device := strings.TrimPrefix(req.NodeID, "xz-")
 		out := nats.NewMsg(wire.DeviceRPC(tenant, device))
 		out.Data = []byte(`{"jsonrpc":"2.0","method":"tools/call","params":` + string(req.Params) + `}`)
-		rctx, cspan := telemetry.StartNATSRequest(ctx, shimTracer, out, info)
-		rctx, cancel := context.WithTimeout(rctx, 5*time.Second)
+		telemetry.InjectMsg(ctx, out)
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		res, err := shimConn.RequestMsgWithContext(rctx, out)
 		cancel()
-		telemetry.EndNATSRequest(cspan, res, err)
 		var rep wire.InvokeReply
 		switch {
 		case err != nil:
@@ -139,7 +138,7 @@ func startMiniSystem(t testing.TB, rec *telemetrytest.Recorder, env map[string]s
 		if rep.Error != nil {
 			code = rep.Error.Code
 		}
-		telemetry.EndSpan(span, code, nil)
+		span.End(code, nil)
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -152,30 +151,31 @@ func startMiniSystem(t testing.TB, rec *telemetrytest.Recorder, env map[string]s
 func (m *miniSystem) invoke(traceparent, node, tool string) (trace.SpanContext, *wire.InvokeReply, error) {
 	info := telemetry.CallInfo{Tenant: "acme", Principal: "ops@acme", Node: node, Command: "mcp.tools.call", Tool: tool, RequestID: "r-1"}
 	ctx, span := telemetry.StartOperatorRequest(context.Background(), m.gwTracer, "node.invoke", traceparent, info)
-	telemetry.AddPolicyDecision(span, telemetry.EffectAllow, "p, ops, acme, *, mcp.tools.call")
+	span.AddPolicyDecision(telemetry.EffectAllow, "p, ops, acme, *, mcp.tools.call")
+	sc := trace.SpanContextFromContext(ctx)
 	req, _ := json.Marshal(wire.InvokeRequest{NodeID: node, Command: "mcp.tools.call", Params: json.RawMessage(`{"name":"` + tool + `","arguments":{}}`)})
 	msg := nats.NewMsg(wire.NodeInvoke("acme"))
 	msg.Data = req
-	// No client span of its own at the gateway: the operator span covers the
-	// request, so one invoke makes five spans (performance goal 8).
+	// No client spans: each service's span covers its request on, so one
+	// invoke makes four spans (performance goal 8 allows five).
 	telemetry.InjectMsg(ctx, msg)
 	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	res, err := m.gwConn.RequestMsgWithContext(rctx, msg)
 	if err != nil {
-		telemetry.EndSpan(span, telemetry.FaultCode(err), err)
-		return span.SpanContext(), nil, err
+		span.End(telemetry.FaultCode(err), err)
+		return sc, nil, err
 	}
 	var rep wire.InvokeReply
 	if err := json.Unmarshal(res.Data, &rep); err != nil {
-		return span.SpanContext(), nil, err
+		return sc, nil, err
 	}
 	code := ""
 	if rep.Error != nil {
 		code = rep.Error.Code
 	}
-	telemetry.EndSpan(span, code, nil)
-	return span.SpanContext(), &rep, nil
+	span.End(code, nil)
+	return sc, &rep, nil
 }
 
 func TestOneTraceFromOperatorFrameToDevice(t *testing.T) {
@@ -190,15 +190,14 @@ func TestOneTraceFromOperatorFrameToDevice(t *testing.T) {
 	if sc.TraceID().String() != "0af7651916cd43dd8448eb211c80319c" {
 		t.Fatalf("gateway span in trace %s, want the operator's trace", sc.TraceID())
 	}
-	spans := rec.WaitForTrace(t, sc.TraceID(), 5)
-	if len(spans) != 5 {
-		t.Fatalf("%d spans in the trace, want 5:\n%s", len(spans), telemetrytest.Dump(spans))
+	spans := rec.WaitForTrace(t, sc.TraceID(), 4)
+	if len(spans) != 4 {
+		t.Fatalf("%d spans in the trace, want 4:\n%s", len(spans), telemetrytest.Dump(spans))
 	}
 	chain := telemetrytest.Chain(spans, telemetrytest.Find(spans, "tools/call"))
 	want := []struct{ service, name, kind string }{
 		{telemetry.ServiceGateway, "node.invoke", "server"},
 		{telemetry.ServiceShim, "process xc.{tenant}.node.invoke", "server"},
-		{telemetry.ServiceShim, "request xc.{tenant}.dev.{device}.rpc", "client"},
 		{telemetry.ServiceDevicehub, "process xc.{tenant}.dev.{device}.rpc", "server"},
 		{telemetry.ServiceDevicehub, "tools/call", "client"},
 	}
@@ -221,12 +220,22 @@ func TestOneTraceFromOperatorFrameToDevice(t *testing.T) {
 	if ev := root.Events(); len(ev) != 1 || ev[0].Name != "policy.decision" {
 		t.Errorf("gateway span events %v, want the policy decision", ev)
 	}
-	for k, v := range map[string]string{"xiaoclaw.tenant": "acme", "xiaoclaw.principal": "ops@acme", "xiaoclaw.tool": "self.light.on", "rpc.method": "node.invoke"} {
+	for k, v := range map[string]string{"xiaoclaw.tenant": "acme", "xiaoclaw.principal": "ops@acme", "xiaoclaw.tool": "self.light.on",
+		"rpc.method": "node.invoke", "xiaoclaw.request_id": "r-1"} {
 		if got := telemetrytest.Attr(root, k); got != v {
 			t.Errorf("gateway span %s = %q, want %q", k, got, v)
 		}
 	}
-	hubProcess := chain[3]
+	shimProcess := chain[1]
+	for k, v := range map[string]string{
+		"messaging.system": "nats", "messaging.destination.name": "xc.{tenant}.node.invoke", "messaging.operation.name": "process",
+		"xiaoclaw.tenant": "acme", "xiaoclaw.node": "xz-a1b2c3d4e5f6", "xiaoclaw.command": "mcp.tools.call",
+	} {
+		if got := telemetrytest.Attr(shimProcess, k); got != v {
+			t.Errorf("shim span %s = %q, want %q", k, got, v)
+		}
+	}
+	hubProcess := chain[2]
 	for k, v := range map[string]string{
 		"messaging.system": "nats", "messaging.destination.name": "xc.{tenant}.dev.{device}.rpc",
 		"messaging.operation.type": "process", "xiaoclaw.tenant": "acme", "xiaoclaw.device": "a1b2c3d4e5f6",
@@ -235,8 +244,9 @@ func TestOneTraceFromOperatorFrameToDevice(t *testing.T) {
 			t.Errorf("devicehub span %s = %q, want %q", k, got, v)
 		}
 	}
-	dev := chain[4]
-	for k, v := range map[string]string{"rpc.system.name": "jsonrpc", "jsonrpc.request.id": "7", "network.protocol.name": "websocket", "xiaoclaw.tool": "self.light.on"} {
+	dev := chain[3]
+	for k, v := range map[string]string{"rpc.system.name": "jsonrpc", "rpc.method": "tools/call", "jsonrpc.request.id": "7",
+		"jsonrpc.protocol.version": "2.0", "network.protocol.name": "websocket", "xiaoclaw.tool": "self.light.on"} {
 		if got := telemetrytest.Attr(dev, k); got != v {
 			t.Errorf("device span %s = %q, want %q", k, got, v)
 		}
@@ -251,7 +261,7 @@ func TestWithoutTraceparentTheGatewayStartsTheTrace(t *testing.T) {
 		if err != nil || !rep.OK {
 			t.Fatalf("invoke: %v %+v", err, rep)
 		}
-		spans := rec.WaitForTrace(t, sc.TraceID(), 5)
+		spans := rec.WaitForTrace(t, sc.TraceID(), 4)
 		root := telemetrytest.Find(spans, "node.invoke")
 		if root.Parent().IsValid() {
 			t.Errorf("traceparent %q: gateway span has parent %v, want a root span", tp, root.Parent())
@@ -276,7 +286,7 @@ func TestUnsampledOperatorTraceIsRecordedNowhere(t *testing.T) {
 	}
 	// A later sampled call proves the handlers ran and finished their spans.
 	sc2, _, _ := m.invoke("", "xz-a1b2c3d4e5f6", "self.light.on")
-	rec.WaitForTrace(t, sc2.TraceID(), 5)
+	rec.WaitForTrace(t, sc2.TraceID(), 4)
 	if got := telemetrytest.InTrace(rec.Spans(), sc.TraceID()); len(got) != 0 {
 		t.Fatalf("unsampled trace recorded:\n%s", telemetrytest.Dump(got))
 	}
@@ -292,7 +302,7 @@ func TestFailuresCarryOutcomeAndErrorCode(t *testing.T) {
 	if err != nil || rep.OK || rep.Error.Code != wire.FaultDeviceError {
 		t.Fatalf("invoke: %v %+v", err, rep)
 	}
-	for _, s := range rec.WaitForTrace(t, sc.TraceID(), 5) {
+	for _, s := range rec.WaitForTrace(t, sc.TraceID(), 4) {
 		if telemetrytest.Attr(s, "xiaoclaw.outcome") != telemetry.OutcomeDeviceError ||
 			telemetrytest.Attr(s, "error.type") != wire.FaultDeviceError || s.Status().Code != codes.Error {
 			t.Errorf("%s %q: outcome %q error.type %q status %v", telemetrytest.Service(s), s.Name(),
@@ -300,16 +310,17 @@ func TestFailuresCarryOutcomeAndErrorCode(t *testing.T) {
 		}
 	}
 
-	// A device no hub holds: NATS has no responders; the shim's request span says offline.
+	// A device no hub holds: NATS has no responders; the shim's span says offline.
 	rec.Reset()
 	sc, rep, err = m.invoke("", "xz-ffffffffffff", "self.light.on")
 	if err != nil || rep.OK || rep.Error.Code != wire.FaultNotConnected {
 		t.Fatalf("invoke offline device: %v %+v", err, rep)
 	}
-	spans := rec.WaitForTrace(t, sc.TraceID(), 3)
-	req := telemetrytest.Find(spans, "request xc.{tenant}.dev.{device}.rpc")
-	if req == nil || telemetrytest.Attr(req, "xiaoclaw.outcome") != telemetry.OutcomeOffline {
-		t.Fatalf("offline request span:\n%s", telemetrytest.Dump(spans))
+	spans := rec.WaitForTrace(t, sc.TraceID(), 2)
+	shim := telemetrytest.Find(spans, "process xc.{tenant}.node.invoke")
+	if shim == nil || telemetrytest.Attr(shim, "xiaoclaw.outcome") != telemetry.OutcomeOffline ||
+		telemetrytest.Attr(shim, "xiaoclaw.error.code") != wire.FaultNotConnected {
+		t.Fatalf("offline shim span:\n%s", telemetrytest.Dump(spans))
 	}
 }
 
@@ -319,18 +330,35 @@ func TestTracingOffStillPassesTheOperatorTraceAlong(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	tr := off.Tracer(telemetry.ScopeName)
+
+	// Gateway: the operator's traceparent names the call in the audit row.
+	ctx, span := telemetry.StartOperatorRequest(context.Background(), tr, "node.invoke", validTP, telemetry.CallInfo{})
+	if span.Recording() {
+		t.Fatal("a provider with tracing off records")
+	}
+	if traceID, _ := telemetry.TraceIDs(ctx); traceID != "4bf92f3577b34da6a3ce929d0e0e4736" {
+		t.Fatalf("trace id %q, want the operator's", traceID)
+	}
+	span.AddInfo(telemetry.CallInfo{Node: "xz-a1b2c3d4e5f6"}) // safe on a span that does not record
+	span.AddPolicyDecision(telemetry.EffectAllow, "r1")
+	span.End("", nil)
+
+	// Shim: what arrives with the request leaves with the next one.
 	nc := connect("x")
 	got := make(chan nats.Header, 1)
-	sub, _ := nc.Subscribe("xc.acme.node.invoke", func(msg *nats.Msg) {
+	sub, _ := nc.Subscribe("xc.acme.dev.a1b2c3d4e5f6.rpc", func(msg *nats.Msg) {
 		got <- msg.Header
 		_ = msg.Respond(nil)
 	})
 	defer sub.Unsubscribe()
-	ctx, _ := telemetry.ContextWithTraceparent(context.Background(), validTP)
-	msg := nats.NewMsg("xc.acme.node.invoke")
-	ctx, span := telemetry.StartNATSRequest(ctx, off.Tracer(telemetry.ScopeName), msg, telemetry.CallInfo{})
-	_, err = nc.RequestMsgWithContext(ctx, msg)
-	telemetry.EndNATSRequest(span, nil, err)
+	in := nats.NewMsg("xc.acme.node.invoke")
+	telemetry.InjectMsg(ctx, in)
+	hctx, hspan := telemetry.StartNATSHandler(context.Background(), tr, in, telemetry.CallInfo{})
+	out := nats.NewMsg("xc.acme.dev.a1b2c3d4e5f6.rpc")
+	telemetry.InjectMsg(hctx, out)
+	_, err = nc.RequestMsgWithContext(hctx, out)
+	hspan.End(telemetry.FaultCode(err), err)
 	if h := <-got; h.Get("traceparent") != validTP {
 		t.Fatalf("traceparent %q, want the operator's %q unchanged", h.Get("traceparent"), validTP)
 	}

@@ -115,6 +115,10 @@ func NewTracerProvider(ctx context.Context, serviceName string, cfg Config) (*Tr
 	if s.disabled || (len(s.exporters) == 0 && cfg.SpanProcessor == nil) {
 		return &TracerProvider{TracerProvider: noop.NewTracerProvider(), service: name, summary: "tracing off"}, nil
 	}
+	if !compiledIn {
+		return &TracerProvider{TracerProvider: noop.NewTracerProvider(), service: name,
+			summary: "tracing off: compiled out of this build (xc_omit_tracing)"}, nil
+	}
 
 	opts := []sdktrace.TracerProviderOption{
 		sdktrace.WithSampler(s.sampler),

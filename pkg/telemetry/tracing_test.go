@@ -94,7 +94,7 @@ func TestExportOverOTLPBothProtocols(t *testing.T) {
 			}
 			ctx, span := telemetry.StartOperatorRequest(context.Background(), tp.Tracer(telemetry.ScopeName), "node.invoke", "",
 				telemetry.CallInfo{Tenant: "acme", Node: "xz-a1b2c3d4e5f6", Command: "mcp.tools.call", Tool: "self.light.on"})
-			telemetry.EndSpan(span, "", nil)
+			span.End("", nil)
 			traceID, _ := telemetry.TraceIDs(ctx)
 			if err := tp.ForceFlush(context.Background()); err != nil {
 				t.Fatal(err)

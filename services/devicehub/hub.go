@@ -288,7 +288,7 @@ func (h *hub) serveRPC(s *session, m *nats.Msg) {
 	} else if err := m.RespondMsg(&nats.Msg{Data: raw}); err != nil {
 		h.log.WarnContext(ctx, "devicehub: reply not sent", append(s.logAttrs(), "err", err)...)
 	}
-	telemetry.EndSpan(span, code, err)
+	span.End(code, err)
 	h.invokes.WithLabelValues(telemetry.LabelDevicehub, telemetry.CommandLabel(telemetry.MCPCommand(method)), telemetry.OutcomeOf(code)).Inc()
 }
 
@@ -304,23 +304,22 @@ func (h *hub) call(ctx context.Context, s *session, body []byte) (string, json.R
 	if err != nil {
 		return "", nil, &wire.Fault{Code: wire.FaultInvalidRequest, Message: err.Error()}
 	}
-	var dspan trace.Span
+	var dspan *telemetry.Span
 	var sent time.Time
 	raw, err := s.mcp.CallWithID(ctx, req.Method, req.Params, func(id uint64) {
-		var info telemetry.CallInfo
-		if trace.SpanFromContext(ctx).IsRecording() {
-			info.Tool = toolName(req.Method, req.Params)
+		_, dspan = telemetry.StartDeviceCall(ctx, h.tracer, req.Method, int64(id), s.transport, telemetry.CallInfo{})
+		if dspan.Recording() {
+			dspan.AddInfo(telemetry.CallInfo{Tool: toolName(req.Method, req.Params)})
 		}
-		_, dspan = telemetry.StartDeviceCall(ctx, h.tracer, req.Method, int64(id), s.transport, info)
 		sent = time.Now()
 	})
-	if dspan != nil { // the request reached the device's session
+	if !sent.IsZero() { // the request reached the device's session
 		h.hopDevice.Observe(time.Since(sent).Seconds())
 		code := telemetry.FaultCode(err)
 		if err == nil && isErrorResponse(raw) {
 			code = wire.FaultDeviceError
 		}
-		telemetry.EndSpan(dspan, code, err)
+		dspan.End(code, err)
 	}
 	return req.Method, raw, err
 }

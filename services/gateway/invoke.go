@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"go.opentelemetry.io/otel/trace"
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/access"
 	"github.com/xiaoclaw/xiaoclaw/pkg/telemetry"
@@ -30,7 +29,7 @@ type invokeCall struct {
 	audit    InvokeAudit
 	// ctx carries span, the call's node.invoke span.
 	ctx  context.Context
-	span trace.Span
+	span *telemetry.Span
 }
 
 // handleNodeInvoke runs the checks that need no network (params, node,
@@ -80,17 +79,15 @@ func (c *conn) handleNodeInvoke(req protocol.Request) {
 	if areq.Tool != "" {
 		call.audit.Args = areq.Args
 	}
-	if call.span.IsRecording() {
-		call.span.SetAttributes(telemetry.CallInfo{Node: n.NodeID, Command: inv.Command, Tool: areq.Tool}.Attributes(nil)...)
-	}
+	call.span.AddInfo(telemetry.CallInfo{Node: n.NodeID, Command: inv.Command, Tool: areq.Tool})
 	dec := s.cfg.Authorizer.Authorize(call.ctx, areq)
 	call.audit.Decision = dec
 	if dec.Allowed {
 		s.metrics.allowed.Inc()
-		telemetry.AddPolicyDecision(call.span, telemetry.EffectAllow, dec.RuleID)
+		call.span.AddPolicyDecision(telemetry.EffectAllow, dec.RuleID)
 	} else {
 		s.metrics.denied.Inc()
-		telemetry.AddPolicyDecision(call.span, telemetry.EffectDeny, dec.RuleID)
+		call.span.AddPolicyDecision(telemetry.EffectDeny, dec.RuleID)
 	}
 	if !dec.Allowed {
 		call.reject(protocol.PolicyDenied(c.protocol, inv.Command, areq.Tool, dec.RuleID, dec.Reason), OutcomeDenied)
@@ -268,7 +265,7 @@ func (call *invokeCall) answer(frame []byte, outcome, code string) {
 
 	tcode := traceCode(outcome, code)
 	s.metrics.hopInvoke.Observe(time.Since(call.audit.Time).Seconds())
-	telemetry.EndSpan(call.span, tcode, failure)
+	call.span.End(tcode, failure)
 	s.metrics.invokes.WithLabelValues(telemetry.LabelGateway, telemetry.CommandLabel(call.inv.Command), telemetry.OutcomeOf(tcode)).Inc()
 }
 

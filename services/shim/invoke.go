@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"go.opentelemetry.io/otel/trace"
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/telemetry"
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
@@ -44,14 +43,14 @@ func (s *Service) onInvoke(msg *nats.Msg) {
 }
 
 // finish answers the invoke, ends its span and counts it.
-func (s *Service) finish(msg *nats.Msg, span trace.Span, command string, payload json.RawMessage, fault *wire.Fault) {
+func (s *Service) finish(msg *nats.Msg, span *telemetry.Span, command string, payload json.RawMessage, fault *wire.Fault) {
 	s.respond(msg, payload, fault)
 	code := ""
 	var err error
 	if fault != nil {
 		code, err = fault.Code, fault
 	}
-	telemetry.EndSpan(span, code, err)
+	span.End(code, err)
 	s.invokes.WithLabelValues(telemetry.LabelShim, telemetry.CommandLabel(command), telemetry.OutcomeOf(code)).Inc()
 }
 
@@ -68,15 +67,13 @@ func (s *Service) deadline(h nats.Header) time.Time {
 // to the device's hub, map the answer. It returns the command ("" when the
 // request is unreadable) with the result. span is the invoke's handler span
 // and ctx carries it.
-func (s *Service) invoke(ctx context.Context, span trace.Span, msg *nats.Msg) (string, json.RawMessage, *wire.Fault) {
+func (s *Service) invoke(ctx context.Context, span *telemetry.Span, msg *nats.Msg) (string, json.RawMessage, *wire.Fault) {
 	deadline := s.deadline(msg.Header)
 	tenant, req, fault := parseInvoke(msg.Subject, msg.Data)
 	if fault != nil {
 		return "", nil, fault
 	}
-	if span.IsRecording() {
-		span.SetAttributes(telemetry.CallInfo{Node: req.NodeID, Command: req.Command}.Attributes(nil)...)
-	}
+	span.AddInfo(telemetry.CallInfo{Node: req.NodeID, Command: req.Command})
 	node, ok := s.reg.Lookup(tenant, req.NodeID)
 	if !ok {
 		fctx, cancel := context.WithDeadline(context.Background(), deadline)
@@ -102,7 +99,7 @@ func (s *Service) invoke(ctx context.Context, span trace.Span, msg *nats.Msg) (s
 	out := &nats.Msg{Subject: wire.DeviceRPC(tenant, rec.Device), Header: make(nats.Header, 4), Data: call.Request}
 	out.Header[wire.HeaderTenant] = []string{tenant}
 	// Request id and principal travel on to the hub; the trace context is
-	// the request span's (StartNATSRequest).
+	// the handler span's (InjectMsg below).
 	for _, k := range [...]string{wire.HeaderRequestID, wire.HeaderPrincipal} {
 		if v, ok := msg.Header[k]; ok {
 			out.Header[k] = v
@@ -113,11 +110,10 @@ func (s *Service) invoke(ctx context.Context, span trace.Span, msg *nats.Msg) (s
 	if wait <= 0 {
 		return req.Command, nil, timeoutFault()
 	}
-	_, rspan := telemetry.StartNATSRequest(ctx, s.tracer, out, telemetry.CallInfo{Tool: call.Tool})
+	telemetry.InjectMsg(ctx, out)
 	start := time.Now()
 	reply, err := s.nc.RequestMsg(out, wait)
 	s.hopShimHub.Observe(time.Since(start).Seconds())
-	telemetry.EndNATSRequest(rspan, reply, err)
 	switch {
 	case err == nil:
 	case errors.Is(err, nats.ErrNoResponders):
