@@ -55,15 +55,13 @@ func (d *invokeDriver) run(b *testing.B, n int) time.Duration {
 	return time.Since(start)
 }
 
-// BenchmarkInvokeTracingCost measures full-path invoke throughput in one
-// run, so the ratios hold on a noisy machine, with tracing off (the no-op
-// providers a service gets without OTEL_* variables) and with every invoke
-// sampled (five spans through the SDK's batch processor into an exporter
-// that drops them). The modes take turns in rounds. Metrics: invokes/s of
-// each mode and sampled/off (the throughput ratio; 1 means free).
-func BenchmarkInvokeTracingCost(b *testing.B) {
+// tracingConfig is a stack whose three services trace with every invoke
+// sampled (four spans through the SDK's batch processor into an exporter
+// that drops them), or with tracing off (the no-op providers a service gets
+// without OTEL_* variables).
+func tracingConfig(b *testing.B, sampled bool) Config {
 	ctx := context.Background()
-	provider := func(service string, sampled bool) *telemetry.TracerProvider {
+	provider := func(service string) *telemetry.TracerProvider {
 		cfg := telemetry.Config{SharedProcess: true}
 		if sampled {
 			cfg.SpanProcessor = sdktrace.NewBatchSpanProcessor(tracetest.NewNoopExporter())
@@ -75,21 +73,26 @@ func BenchmarkInvokeTracingCost(b *testing.B) {
 		b.Cleanup(func() { _ = tp.Shutdown(ctx) })
 		return tp
 	}
-	stackConfig := func(sampled bool) Config {
-		return Config{
-			GatewayTracerProvider: provider(telemetry.ServiceGateway, sampled),
-			ShimTracerProvider:    provider(telemetry.ServiceShim, sampled),
-			HubTracerProvider:     provider(telemetry.ServiceDevicehub, sampled),
-			Registerer:            telemetry.NewRegistry(),
-		}
+	return Config{
+		GatewayTracerProvider: provider(telemetry.ServiceGateway),
+		ShimTracerProvider:    provider(telemetry.ServiceShim),
+		HubTracerProvider:     provider(telemetry.ServiceDevicehub),
+		Registerer:            telemetry.NewRegistry(),
 	}
+}
+
+// BenchmarkInvokeTracingCost measures full-path invoke throughput in one
+// run, so the ratios hold on a noisy machine, with tracing off and with
+// every invoke sampled. The modes take turns in rounds. Metrics: invokes/s
+// of each mode and sampled/off (the throughput ratio; 1 means free).
+func BenchmarkInvokeTracingCost(b *testing.B) {
 	modes := []struct {
 		name    string
 		driver  *invokeDriver
 		elapsed time.Duration
 	}{
-		{name: "off", driver: newInvokeDriver(b, stackConfig(false), 31)},
-		{name: "sampled", driver: newInvokeDriver(b, stackConfig(true), 32)},
+		{name: "off", driver: newInvokeDriver(b, tracingConfig(b, false), 31)},
+		{name: "sampled", driver: newInvokeDriver(b, tracingConfig(b, true), 32)},
 	}
 	for i := range modes { // warm up
 		modes[i].driver.run(b, 500)
@@ -108,4 +111,24 @@ func BenchmarkInvokeTracingCost(b *testing.B) {
 		b.ReportMetric(rate(m.elapsed), m.name+"-invokes/s")
 	}
 	b.ReportMetric(rate(modes[1].elapsed)/rate(modes[0].elapsed), "sampled/off")
+}
+
+// BenchmarkInvokeTracingMode measures one stack per process, for comparing
+// builds: scripts/bench-tracing.sh runs "off" and "sampled" of the normal
+// build and "off" of a build with -tags xc_omit_tracing (where "sampled"
+// records nothing), process after process. Metric: invokes/s.
+func BenchmarkInvokeTracingMode(b *testing.B) {
+	for _, sampled := range []bool{false, true} {
+		name := "off"
+		if sampled {
+			name = "sampled"
+		}
+		b.Run(name, func(b *testing.B) {
+			d := newInvokeDriver(b, tracingConfig(b, sampled), 33)
+			d.run(b, 500)
+			b.ResetTimer()
+			elapsed := d.run(b, b.N)
+			b.ReportMetric(float64(b.N)/elapsed.Seconds(), "invokes/s")
+		})
+	}
 }
