@@ -69,9 +69,9 @@ func StartOperatorRequest(ctx context.Context, tracer trace.Tracer, method, trac
 		return ctx, nil
 	}
 	var span trace.Span
-	if parented {
+	if parented || !trace.SpanContextFromContext(ctx).IsValid() {
 		ctx, span = tracer.Start(ctx, method, trace.WithSpanKind(trace.SpanKindServer))
-	} else {
+	} else { // a span in the connection's context must not become the parent
 		ctx, span = tracer.Start(ctx, method, trace.WithSpanKind(trace.SpanKindServer), trace.WithNewRoot())
 	}
 	if !span.IsRecording() {
