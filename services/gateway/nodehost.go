@@ -26,7 +26,11 @@ type nodeHost struct {
 	nodeID string
 	key    string
 	regRev atomic.Uint64 // revision of this session's registry record
-	sub    *nats.Subscription
+	// registered is closed once the registry write of attachNodeHost has
+	// returned, whether or not it succeeded: until then regRev is 0. Only
+	// onInvoke waits on it, so only a subscribed session closes it.
+	registered chan struct{}
+	sub        *nats.Subscription
 
 	mu      sync.Mutex
 	pending map[string]*pendingInvoke
@@ -47,7 +51,8 @@ type pendingInvoke struct {
 // sees the new record.
 func (s *Service) attachNodeHost(c *conn, p *protocol.ConnectParams) error {
 	tenant := c.principal.Tenant
-	h := &nodeHost{c: c, tenant: tenant, nodeID: c.nodeID, key: wire.NodeKey(tenant, c.nodeID), pending: map[string]*pendingInvoke{}}
+	h := &nodeHost{c: c, tenant: tenant, nodeID: c.nodeID, key: wire.NodeKey(tenant, c.nodeID),
+		pending: map[string]*pendingInvoke{}, registered: make(chan struct{})}
 	now := time.Now()
 	cl := p.Client
 	rec := wire.NodeRecord{
@@ -92,12 +97,15 @@ func (s *Service) attachNodeHost(c *conn, p *protocol.ConnectParams) error {
 	ctx, cancel := context.WithTimeout(c.ctx, 5*time.Second)
 	defer cancel()
 	rev, err := s.reg.Put(ctx, rec)
+	if err == nil {
+		h.regRev.Store(rev)
+	}
+	close(h.registered)
 	if err != nil {
 		_ = sub.Unsubscribe()
 		s.forgetNodeHost(c)
 		return err
 	}
-	h.regRev.Store(rev)
 	// A newer session's record may have reached the watcher while this
 	// Put was in flight; onRegistryChange skipped it then (no revision yet
 	// to compare), so compare now. Either this check or that callback,
@@ -183,9 +191,15 @@ func (h *nodeHost) current() bool {
 
 // onInvoke forwards an invoke from NATS to the node host as a
 // node.invoke.request event and parks the reply until the node answers, the
-// deadline passes or the socket ends. It never blocks the subscription.
+// deadline passes or the socket ends. It never blocks on the node host.
 func (h *nodeHost) onInvoke(m *nats.Msg) {
 	s := h.c.s
+	// Another replica may route an invoke here as soon as it sees this
+	// session's record, before the write has returned here: until then
+	// current cannot tell an older session's record from a newer one's,
+	// and guessing "newer" drops the invoke unanswered. Waiting holds up
+	// this node's subscription only, for at most the write's timeout.
+	<-h.registered
 	if !h.current() {
 		return // a newer session of this node answers
 	}
