@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/xiaoclaw/xiaoclaw/pkg/gopool"
 	"github.com/xiaoclaw/xiaoclaw/pkg/telemetry"
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
 	"github.com/xiaoclaw/xiaoclaw/services/devicehub/internal/xzproto"
@@ -38,7 +39,8 @@ type hub struct {
 	nc  *nats.Conn
 	log *slog.Logger
 
-	msgs chan *nats.Msg
+	msgs    chan *nats.Msg
+	workers *gopool.Pool // runs the requests to devices
 
 	mu       sync.Mutex
 	devices  map[deviceKey]*deviceEntry
@@ -63,7 +65,8 @@ type deviceEntry struct {
 }
 
 func newHub(cfg *Config, nc *nats.Conn, log *slog.Logger) *hub {
-	return &hub{cfg: cfg, nc: nc, log: log, msgs: make(chan *nats.Msg, 8192), devices: make(map[deviceKey]*deviceEntry)}
+	return &hub{cfg: cfg, nc: nc, log: log, msgs: make(chan *nats.Msg, 8192), workers: gopool.New(0),
+		devices: make(map[deviceKey]*deviceEntry)}
 }
 
 // instrument takes the tracer and declares the hub's metrics.
@@ -235,7 +238,7 @@ func (h *hub) route(m *nats.Msg) {
 			h.log.Debug("devicehub: request for a session that just ended", "tenant", tenant, "device", device)
 			return
 		}
-		go h.serveRPC(s, m)
+		h.workers.Go(func() { h.serveRPC(s, m) })
 	case strings.HasSuffix(m.Subject, ".state"):
 		h.checkTakeover(k, m.Data)
 	}

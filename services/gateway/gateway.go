@@ -29,6 +29,7 @@ import (
 	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/access"
+	"github.com/xiaoclaw/xiaoclaw/pkg/gopool"
 	"github.com/xiaoclaw/xiaoclaw/pkg/telemetry"
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
 	"github.com/xiaoclaw/xiaoclaw/services/gateway/internal/idempotency"
@@ -202,6 +203,7 @@ type Service struct {
 
 	connWG     sync.WaitGroup // open sockets
 	inflightWG sync.WaitGroup // node.invoke calls in progress
+	workers    *gopool.Pool   // runs node.invoke calls past their checks
 
 	tracer  trace.Tracer
 	metrics invokeMetrics
@@ -239,6 +241,7 @@ func New(cfg Config, nc *nats.Conn, log *slog.Logger) (*Service, error) {
 		conns:     map[*conn]struct{}{},
 		operators: map[string]map[*conn]struct{}{},
 		nodeHosts: map[string]*conn{},
+		workers:   gopool.New(0),
 	}
 	s.tracer = cfg.TracerProvider.Tracer(telemetry.ScopeName)
 	if s.metrics, err = newInvokeMetrics(cfg.Registerer); err != nil {

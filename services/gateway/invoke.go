@@ -121,7 +121,7 @@ func (c *conn) handleNodeInvoke(req protocol.Request) {
 	s.inflightWG.Add(1)
 	s.mu.RUnlock()
 	c.inflight.Add(1)
-	go call.run()
+	s.workers.Go(call.run)
 }
 
 // encodeInvokeRequest builds a wire.InvokeRequest without re-validating the

@@ -18,7 +18,7 @@ import (
 )
 
 // onInvoke takes a node.invoke request off the subscription and runs it on
-// its own goroutine, so one slow device never holds up the others.
+// a worker of its own, so one slow device never holds up the others.
 func (s *Service) onInvoke(msg *nats.Msg) {
 	ctx, span := telemetry.StartNATSHandler(context.Background(), s.tracer, msg, telemetry.CallInfo{})
 	if len(msg.Data) > s.cfg.MaxRequestBytes {
@@ -32,14 +32,14 @@ func (s *Service) onInvoke(msg *nats.Msg) {
 		return
 	}
 	s.inflight.Add(1)
-	go func() {
+	s.workers.Go(func() {
 		defer func() {
 			<-s.sem
 			s.inflight.Done()
 		}()
 		command, payload, fault := s.invoke(ctx, span, msg)
 		s.finish(msg, span, command, payload, fault)
-	}()
+	})
 }
 
 // finish answers the invoke, ends its span and counts it.

@@ -23,6 +23,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 
+	"github.com/xiaoclaw/xiaoclaw/pkg/gopool"
 	"github.com/xiaoclaw/xiaoclaw/pkg/telemetry"
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
 	"github.com/xiaoclaw/xiaoclaw/services/shim/internal/catalog"
@@ -118,6 +119,7 @@ type Service struct {
 
 	sem      chan struct{} // one slot per invoke in flight
 	inflight sync.WaitGroup
+	workers  *gopool.Pool // runs the invokes
 
 	events     []chan nodes.Pending
 	eventsDone chan struct{} // closed when event workers must finish
@@ -146,6 +148,7 @@ func New(cfg Config, nc *nats.Conn, log *slog.Logger) (*Service, error) {
 		ready:      make(chan struct{}),
 		schemas:    catalog.NewSchemas(0),
 		sem:        make(chan struct{}, cfg.MaxInFlight),
+		workers:    gopool.New(0),
 		eventsDone: make(chan struct{}),
 	}
 	s.tracer = cfg.TracerProvider.Tracer(telemetry.ScopeName)
