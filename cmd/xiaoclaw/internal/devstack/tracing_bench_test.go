@@ -1,9 +1,12 @@
+//go:build unix
+
 package devstack
 
 import (
 	"context"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -34,10 +37,26 @@ func newInvokeDriver(b *testing.B, cfg Config, seed uint32) *invokeDriver {
 	return d
 }
 
-// run makes n calls and returns how long they took.
-func (d *invokeDriver) run(b *testing.B, n int) time.Duration {
+// usage is what a run of invokes took: wall time and the CPU time of the
+// whole process (every service, the simulated devices and the operators).
+type usage struct{ wall, cpu time.Duration }
+
+func (u *usage) add(o usage) { u.wall, u.cpu = u.wall+o.wall, u.cpu+o.cpu }
+
+// report reports invokes/s and CPU µs per invoke under prefix.
+func (u usage) report(b *testing.B, invokes int, prefix string) (rate, cpu float64) {
+	rate = float64(invokes) / u.wall.Seconds()
+	cpu = float64(u.cpu.Microseconds()) / float64(invokes)
+	b.ReportMetric(rate, prefix+"invokes/s")
+	b.ReportMetric(cpu, prefix+"cpu-µs/invoke")
+	return rate, cpu
+}
+
+// run makes n calls and returns what they took.
+func (d *invokeDriver) run(b *testing.B, n int) usage {
 	var next atomic.Int64
 	var wg sync.WaitGroup
+	cpu0 := processCPU(b)
 	start := time.Now()
 	for w := range 64 {
 		wg.Go(func() {
@@ -52,7 +71,16 @@ func (d *invokeDriver) run(b *testing.B, n int) time.Duration {
 		})
 	}
 	wg.Wait()
-	return time.Since(start)
+	return usage{wall: time.Since(start), cpu: processCPU(b) - cpu0}
+}
+
+// processCPU is the user and system CPU time this process has used.
+func processCPU(b *testing.B) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // tracingConfig is a stack whose three services trace with every invoke
@@ -81,15 +109,17 @@ func tracingConfig(b *testing.B, sampled bool) Config {
 	}
 }
 
-// BenchmarkInvokeTracingCost measures full-path invoke throughput in one
-// run, so the ratios hold on a noisy machine, with tracing off and with
-// every invoke sampled. The modes take turns in rounds. Metrics: invokes/s
-// of each mode and sampled/off (the throughput ratio; 1 means free).
+// BenchmarkInvokeTracingCost measures full-path invokes in one run, so the
+// ratios hold on a noisy machine, with tracing off and with every invoke
+// sampled. The modes take turns in rounds. Metrics: invokes/s and CPU µs
+// per invoke of each mode, and their ratios sampled/off (1 means free).
+// CPU per invoke is the steadier figure: the closed loop's throughput also
+// moves with scheduling.
 func BenchmarkInvokeTracingCost(b *testing.B) {
 	modes := []struct {
-		name    string
-		driver  *invokeDriver
-		elapsed time.Duration
+		name   string
+		driver *invokeDriver
+		used   usage
 	}{
 		{name: "off", driver: newInvokeDriver(b, tracingConfig(b, false), 31)},
 		{name: "sampled", driver: newInvokeDriver(b, tracingConfig(b, true), 32)},
@@ -102,21 +132,21 @@ func BenchmarkInvokeTracingCost(b *testing.B) {
 	b.ResetTimer()
 	for range rounds {
 		for i := range modes {
-			modes[i].elapsed += modes[i].driver.run(b, per)
+			modes[i].used.add(modes[i].driver.run(b, per))
 		}
 	}
 	b.StopTimer()
-	rate := func(d time.Duration) float64 { return float64(per*rounds) / d.Seconds() }
-	for _, m := range modes {
-		b.ReportMetric(rate(m.elapsed), m.name+"-invokes/s")
-	}
-	b.ReportMetric(rate(modes[1].elapsed)/rate(modes[0].elapsed), "sampled/off")
+	offRate, offCPU := modes[0].used.report(b, per*rounds, "off-")
+	rate, cpu := modes[1].used.report(b, per*rounds, "sampled-")
+	b.ReportMetric(rate/offRate, "sampled/off-rate")
+	b.ReportMetric(cpu/offCPU, "sampled/off-cpu")
 }
 
 // BenchmarkInvokeTracingMode measures one stack per process, for comparing
 // builds: scripts/bench-tracing.sh runs "off" and "sampled" of the normal
 // build and "off" of a build with -tags xc_omit_tracing (where "sampled"
-// records nothing), process after process. Metric: invokes/s.
+// records nothing), process after process. Metrics: invokes/s and CPU µs
+// per invoke.
 func BenchmarkInvokeTracingMode(b *testing.B) {
 	for _, sampled := range []bool{false, true} {
 		name := "off"
@@ -127,8 +157,7 @@ func BenchmarkInvokeTracingMode(b *testing.B) {
 			d := newInvokeDriver(b, tracingConfig(b, sampled), 33)
 			d.run(b, 500)
 			b.ResetTimer()
-			elapsed := d.run(b, b.N)
-			b.ReportMetric(float64(b.N)/elapsed.Seconds(), "invokes/s")
+			d.run(b, b.N).report(b, b.N, "")
 		})
 	}
 }
