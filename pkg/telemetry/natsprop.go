@@ -90,7 +90,17 @@ func ExtractHeader(ctx context.Context, h nats.Header) context.Context {
 		return ctx
 	}
 	c := HeaderCarrier(h)
-	tp := c.Get(HeaderTraceparent)
+	var tp, tsv string
+	if v := h[HeaderTraceparent]; len(v) > 0 {
+		// Written by InjectHeader (or a client that spells it the same):
+		// tracestate, when there is one, is spelled alike too.
+		tp = v[0]
+		if v := h[HeaderTracestate]; len(v) > 0 {
+			tsv = v[0]
+		}
+	} else if tp = c.Get(HeaderTraceparent); tp != "" {
+		tsv = c.Get(HeaderTracestate)
+	}
 	if tp == "" {
 		return ctx
 	}
@@ -98,7 +108,7 @@ func ExtractHeader(ctx context.Context, h nats.Header) context.Context {
 	if err != nil {
 		return ctx
 	}
-	if tsv := c.Get(HeaderTracestate); tsv != "" {
+	if tsv != "" {
 		if ts, err := trace.ParseTraceState(tsv); err == nil {
 			sc = sc.WithTraceState(ts)
 		}
