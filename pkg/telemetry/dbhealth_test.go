@@ -9,13 +9,13 @@ import (
 	"net/http"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/telemetry"
+	"github.com/xiaoclaw/xiaoclaw/pkg/telemetry/telemetrytest"
 )
 
 // postgresURL is the local test server; XIAOCLAW_TEST_POSTGRES overrides it.
@@ -94,7 +94,7 @@ func TestDBConnectedFollowsTheDatabase(t *testing.T) {
 		t.Fatalf("PostgreSQL at %s is required by this test and is unreachable: %v "+
 			"(start it, or point XIAOCLAW_TEST_POSTGRES at a server)", postgresURL(), err)
 	}
-	var logs lockedBuffer
+	var logs telemetrytest.LogBuffer
 	h, err := telemetry.NewDBHealth(telemetry.DBHealthConfig{Ping: db.PingContext, Interval: 20 * time.Millisecond},
 		slog.New(slog.NewTextHandler(&logs, nil)))
 	if err != nil {
@@ -123,24 +123,6 @@ func TestDBConnectedFollowsTheDatabase(t *testing.T) {
 	if n := strings.Count(logs.String(), "database unreachable"); n != 1 {
 		t.Fatalf("the outage was logged %d times, want once:\n%s", n, logs.String())
 	}
-}
-
-// lockedBuffer collects log output written from other goroutines.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // TestReadinessFeedsDBConnected: without the scheduled ping, each /readyz
