@@ -31,7 +31,6 @@ const (
 	AttrDevice     = attribute.Key("xiaoclaw.device")
 	AttrCommand    = attribute.Key("xiaoclaw.command")
 	AttrTool       = attribute.Key("xiaoclaw.tool")
-	AttrRequestID  = attribute.Key("xiaoclaw.request_id")
 	AttrOutcome    = attribute.Key("xiaoclaw.outcome")
 	AttrErrorCode  = attribute.Key("xiaoclaw.error.code")
 	AttrPolicyRule = attribute.Key("xiaoclaw.policy.rule")
@@ -118,7 +117,6 @@ type CallInfo struct {
 	Device    string
 	Command   string
 	Tool      string
-	RequestID string
 }
 
 // merge sets the fields of c that o has.
@@ -134,7 +132,6 @@ func (c *CallInfo) merge(o CallInfo) {
 	set(&c.Device, o.Device)
 	set(&c.Command, o.Command)
 	set(&c.Tool, o.Tool)
-	set(&c.RequestID, o.RequestID)
 }
 
 // Attributes appends the non-empty fields of c to dst as xiaoclaw.* attributes.
@@ -150,6 +147,5 @@ func (c CallInfo) Attributes(dst []attribute.KeyValue) []attribute.KeyValue {
 	add(AttrDevice, c.Device)
 	add(AttrCommand, c.Command)
 	add(AttrTool, c.Tool)
-	add(AttrRequestID, c.RequestID)
 	return dst
 }

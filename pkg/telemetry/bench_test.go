@@ -62,7 +62,7 @@ func BenchmarkInvokeSpans(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
 				ctx, op := telemetry.StartOperatorRequest(context.Background(), tr, "node.invoke", "",
-					telemetry.CallInfo{Tenant: benchInfo.Tenant, Principal: benchInfo.Principal, RequestID: "r-1"})
+					telemetry.CallInfo{Tenant: benchInfo.Tenant, Principal: benchInfo.Principal})
 				op.AddInfo(telemetry.CallInfo{Node: benchInfo.Node, Command: benchInfo.Command, Tool: benchInfo.Tool})
 				op.AddPolicyDecision(telemetry.EffectAllow, "p1")
 				m1 := &nats.Msg{Subject: "xc.acme.node.invoke"}

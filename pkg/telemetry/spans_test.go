@@ -149,7 +149,7 @@ func startMiniSystem(t testing.TB, rec *telemetrytest.Recorder, env map[string]s
 // invoke is the gateway's part of node.invoke: the operator's frame (with an
 // optional v4 traceparent) in, the NATS request to a shim, the reply out.
 func (m *miniSystem) invoke(traceparent, node, tool string) (trace.SpanContext, *wire.InvokeReply, error) {
-	info := telemetry.CallInfo{Tenant: "acme", Principal: "ops@acme", Node: node, Command: "mcp.tools.call", Tool: tool, RequestID: "r-1"}
+	info := telemetry.CallInfo{Tenant: "acme", Principal: "ops@acme", Node: node, Command: "mcp.tools.call", Tool: tool}
 	ctx, span := telemetry.StartOperatorRequest(context.Background(), m.gwTracer, "node.invoke", traceparent, info)
 	span.AddPolicyDecision(telemetry.EffectAllow, "p, ops, acme, *, mcp.tools.call")
 	sc := trace.SpanContextFromContext(ctx)
@@ -221,7 +221,7 @@ func TestOneTraceFromOperatorFrameToDevice(t *testing.T) {
 		t.Errorf("gateway span events %v, want the policy decision", ev)
 	}
 	for k, v := range map[string]string{"xiaoclaw.tenant": "acme", "xiaoclaw.principal": "ops@acme", "xiaoclaw.tool": "self.light.on",
-		"rpc.method": "node.invoke", "xiaoclaw.request_id": "r-1"} {
+		"rpc.method": "node.invoke", "xiaoclaw.command": "mcp.tools.call"} {
 		if got := telemetrytest.Attr(root, k); got != v {
 			t.Errorf("gateway span %s = %q, want %q", k, got, v)
 		}

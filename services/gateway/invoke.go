@@ -40,7 +40,7 @@ func (c *conn) handleNodeInvoke(req protocol.Request) {
 	call := &invokeCall{c: c, reqID: req.ID}
 	call.audit = InvokeAudit{Time: time.Now(), Instance: s.cfg.Instance, RequestID: req.ID, Principal: c.principal}
 	call.ctx, call.span = telemetry.StartOperatorRequest(c.ctx, s.tracer, protocol.MethodNodeInvoke, req.Traceparent,
-		telemetry.CallInfo{Tenant: c.principal.Tenant, Principal: c.principal.ID, RequestID: req.ID})
+		telemetry.CallInfo{Tenant: c.principal.Tenant, Principal: c.principal.ID})
 	call.audit.TraceID, call.audit.SpanID = telemetry.TraceIDs(call.ctx)
 	inv, perr := protocol.ParseNodeInvoke(req.Params)
 	if perr != nil {

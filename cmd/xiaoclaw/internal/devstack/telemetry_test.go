@@ -151,7 +151,7 @@ func TestInvokeTraceAcrossServices(t *testing.T) {
 		"rpc.system.name": "openclaw", "rpc.method": "node.invoke",
 		"xiaoclaw.tenant": DevTenant, "xiaoclaw.principal": "dev-operator", "xiaoclaw.node": node,
 		"xiaoclaw.command": "mcp.tools.call", "xiaoclaw.tool": "self.get_device_status",
-		"xiaoclaw.request_id": "inv-1", "xiaoclaw.outcome": "ok",
+		"xiaoclaw.outcome": "ok",
 	})
 	if !hasEvent(root, "policy.decision", "xiaoclaw.policy.effect", "allow") {
 		t.Errorf("gateway span lacks the policy.decision event: %v", root.Events())

@@ -4,6 +4,7 @@ package devstack
 
 import (
 	"context"
+	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -118,10 +119,8 @@ func tracingConfig(b *testing.B, ratio float64) Config {
 // invokes sampled and with every one. The modes take turns in rounds, in
 // rotating order.
 // Metrics: invokes/s and CPU µs per invoke of each mode, and their ratios
-// to off (1 means free). The stacks share one heap, so some of the garbage
-// collection a mode causes runs during the others' turns: the ratios here
-// understate what tracing costs a service of its own. scripts/bench-tracing.sh,
-// one stack per process, gives the figures to quote.
+// to off (1 means free). The stacks share one heap; a collection before
+// each turn keeps one mode's garbage out of the next one's figures.
 // CPU per invoke is the steadier figure: the closed loop's throughput also
 // moves with scheduling.
 func BenchmarkInvokeTracingCost(b *testing.B) {
@@ -143,6 +142,7 @@ func BenchmarkInvokeTracingCost(b *testing.B) {
 	for r := range rounds {
 		for k := range modes { // each mode goes first in turn
 			i := (k + r) % len(modes)
+			runtime.GC() // the garbage of the turn before is not this mode's to collect
 			modes[i].used.add(modes[i].driver.run(b, per))
 		}
 	}
