@@ -164,14 +164,16 @@ func (s *Span) End(code string, err error) {
 	if s == nil {
 		return
 	}
+	var tmpl string // a handler's subject template: its name and destination
+	if s.kind == handlerSpan {
+		tmpl = SubjectTemplate(s.name)
+		s.span.SetName("process " + tmpl)
+	}
 	buf := attrBuffers.Get().(*[maxSpanAttrs]attribute.KeyValue)
-	attrs := s.attributes(buf[:0])
+	attrs := s.attributes(buf[:0], tmpl)
 	attrs = append(attrs, AttrOutcome.String(OutcomeOf(code)))
 	if code != "" {
 		attrs = append(attrs, AttrErrorCode.String(code), semconv.ErrorTypeKey.String(code))
-	}
-	if s.kind == handlerSpan {
-		s.span.SetName("process " + SubjectTemplate(s.name))
 	}
 	s.span.SetAttributes(attrs...)
 	clear(attrs)
@@ -189,8 +191,8 @@ func (s *Span) End(code string, err error) {
 // attributes appends the span's attributes but the outcome: the semantic
 // conventions' for its kind, then the xiaoclaw.* ones. A successful call's
 // span stays within eight attributes, the most the SDK de-duplicates without
-// growing a map.
-func (s *Span) attributes(dst []attribute.KeyValue) []attribute.KeyValue {
+// growing a map. tmpl is a handler's subject template.
+func (s *Span) attributes(dst []attribute.KeyValue, tmpl string) []attribute.KeyValue {
 	info := s.info
 	switch s.kind {
 	case operatorSpan:
@@ -206,7 +208,7 @@ func (s *Span) attributes(dst []attribute.KeyValue) []attribute.KeyValue {
 			semconv.MessagingSystemKey.String("nats"),
 			semconv.MessagingOperationName("process"),
 			semconv.MessagingOperationTypeKey.String("process"),
-			semconv.MessagingDestinationName(SubjectTemplate(s.name)),
+			semconv.MessagingDestinationName(tmpl),
 		)
 		if info.Tenant == "" || info.Device == "" {
 			if t, d, ok := wire.DeviceFromSubject(s.name); ok {
