@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"testing"
 )
 
 // Locate returns the openclaw binary and the environment it runs with
@@ -27,4 +28,15 @@ func Locate(getenv func(string) string) (bin string, env []string, err error) {
 	return bin, append(os.Environ(),
 		"PATH="+binDir+":"+node+":"+getenv("PATH"),
 		"OPENCLAW_DISABLE_BONJOUR=1", "OPENCLAW_NO_AUTO_UPDATE=1", "OPENCLAW_SKIP_CHANNELS=1", "OPENCLAW_OFFLINE=1"), nil
+}
+
+// Require is Locate for a test run from this process's environment: it
+// fails the test, never skips it, when the install is missing.
+func Require(t testing.TB) (bin string, env []string) {
+	t.Helper()
+	bin, env, err := Locate(os.Getenv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return bin, env
 }

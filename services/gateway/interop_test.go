@@ -11,7 +11,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -23,18 +22,8 @@ import (
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
 )
 
-// openclawBinary finds the reference install; the test fails, never skips, without it.
-func openclawBinary(t *testing.T) (string, []string) {
-	t.Helper()
-	bin, env, err := openclawref.Locate(os.Getenv)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return bin, env
-}
-
 func TestInteropStockCLIAndNodeHost(t *testing.T) {
-	ocBin, ocEnv := openclawBinary(t)
+	ocBin, ocEnv := openclawref.Require(t)
 	e := newEnv(t)
 	gw := e.gateway(nil)
 	url := gw.URL()

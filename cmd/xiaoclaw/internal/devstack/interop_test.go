@@ -10,7 +10,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -19,18 +18,8 @@ import (
 	"github.com/xiaoclaw/xiaoclaw/pkg/openclawref"
 )
 
-// openclawEnv finds the reference install; the test fails, never skips, without it.
-func openclawEnv(t *testing.T) (string, []string) {
-	t.Helper()
-	bin, env, err := openclawref.Locate(os.Getenv)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return bin, env
-}
-
 func TestInteropOpenClaw(t *testing.T) {
-	ocBin, env := openclawEnv(t)
+	ocBin, env := openclawref.Require(t)
 	st := startStack(t, Config{})
 	dev := connectDevices(t, st, 0, 1, 9, nil)[0]
 	url := st.GatewayURL(0)
