@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
@@ -23,7 +22,7 @@ func benchProviders(b *testing.B) map[string]trace.TracerProvider {
 	mk := func(sampler string) trace.TracerProvider {
 		tp, err := telemetry.NewTracerProvider(context.Background(), "bench", telemetry.Config{
 			Env:           telemetrytest.MapEnv(map[string]string{"OTEL_TRACES_SAMPLER": sampler}),
-			SpanProcessor: sdktrace.NewBatchSpanProcessor(tracetest.NewNoopExporter()),
+			SpanProcessor: telemetry.NewBatchProcessor(tracetest.NewNoopExporter(), telemetry.BatchOptions{}),
 		})
 		if err != nil {
 			b.Fatal(err)

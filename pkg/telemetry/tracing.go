@@ -139,7 +139,7 @@ func NewTracerProvider(ctx context.Context, serviceName string, cfg Config) (*Tr
 		}
 		exporters = append(exporters, exp)
 		summary = append(summary, desc)
-		opts = append(opts, sdktrace.WithBatcher(exp, s.batchOptions()...))
+		opts = append(opts, sdktrace.WithSpanProcessor(NewBatchProcessor(exp, s.batchOptions())))
 	}
 	if cfg.SpanProcessor != nil {
 		opts = append(opts, sdktrace.WithSpanProcessor(cfg.SpanProcessor))
@@ -419,21 +419,8 @@ func (s traceSettings) resource(service string, cfg Config) *resource.Resource {
 	return resource.NewWithAttributes(semconv.SchemaURL, attrs...)
 }
 
-func (s traceSettings) batchOptions() []sdktrace.BatchSpanProcessorOption {
-	var o []sdktrace.BatchSpanProcessorOption
-	if s.bspDelay > 0 {
-		o = append(o, sdktrace.WithBatchTimeout(s.bspDelay))
-	}
-	if s.bspExportTimeout > 0 {
-		o = append(o, sdktrace.WithExportTimeout(s.bspExportTimeout))
-	}
-	if s.bspQueue > 0 {
-		o = append(o, sdktrace.WithMaxQueueSize(s.bspQueue))
-	}
-	if s.bspBatch > 0 {
-		o = append(o, sdktrace.WithMaxExportBatchSize(s.bspBatch))
-	}
-	return o
+func (s traceSettings) batchOptions() BatchOptions {
+	return BatchOptions{ScheduleDelay: s.bspDelay, ExportTimeout: s.bspExportTimeout, MaxQueueSize: s.bspQueue, MaxExportBatch: s.bspBatch}
 }
 
 // newExporter builds one exporter and a description of it for logs.
