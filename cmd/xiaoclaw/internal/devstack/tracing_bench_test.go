@@ -4,7 +4,7 @@ package devstack
 
 import (
 	"context"
-	"runtime"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -12,8 +12,9 @@ import (
 	"testing"
 	"time"
 
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/embedded"
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/occlient"
 	"github.com/xiaoclaw/xiaoclaw/pkg/telemetry"
@@ -86,73 +87,138 @@ func processCPU(b *testing.B) time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-// tracingConfig is a stack whose three services trace a share of the
-// invokes (four spans each, through the SDK's batch processor into an
-// exporter that drops them): every one at ratio 1, none with tracing off
-// (ratio 0: the no-op providers a service gets without OTEL_* variables).
-func tracingConfig(b *testing.B, ratio float64) Config {
+// tracingProvider is one service's provider tracing a share of the invokes
+// (four spans each, through the batch processor into an exporter that drops
+// them): every one at ratio 1, none with tracing off (ratio 0: the no-op
+// provider a service gets without OTEL_* variables).
+func tracingProvider(b *testing.B, service string, ratio float64) trace.TracerProvider {
 	ctx := context.Background()
-	provider := func(service string) *telemetry.TracerProvider {
-		cfg := telemetry.Config{SharedProcess: true}
-		if ratio > 0 {
-			cfg.SpanProcessor = sdktrace.NewBatchSpanProcessor(tracetest.NewNoopExporter())
-			cfg.Env = telemetrytest.MapEnv(map[string]string{
-				"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": strconv.FormatFloat(ratio, 'f', -1, 64)})
-		}
-		tp, err := telemetry.NewTracerProvider(ctx, service, cfg)
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(func() { _ = tp.Shutdown(ctx) })
-		return tp
+	cfg := telemetry.Config{SharedProcess: true}
+	if ratio > 0 {
+		cfg.SpanProcessor = telemetry.NewBatchProcessor(tracetest.NewNoopExporter(), telemetry.BatchOptions{})
+		cfg.Env = telemetrytest.MapEnv(map[string]string{
+			"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": strconv.FormatFloat(ratio, 'f', -1, 64)})
 	}
+	tp, err := telemetry.NewTracerProvider(ctx, service, cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = tp.Shutdown(ctx) })
+	return tp
+}
+
+// tracingConfig is a stack whose three services trace at ratio.
+func tracingConfig(b *testing.B, ratio float64) Config {
 	return Config{
-		GatewayTracerProvider: provider(telemetry.ServiceGateway),
-		ShimTracerProvider:    provider(telemetry.ServiceShim),
-		HubTracerProvider:     provider(telemetry.ServiceDevicehub),
+		GatewayTracerProvider: tracingProvider(b, telemetry.ServiceGateway, ratio),
+		ShimTracerProvider:    tracingProvider(b, telemetry.ServiceShim, ratio),
+		HubTracerProvider:     tracingProvider(b, telemetry.ServiceDevicehub, ratio),
 		Registerer:            telemetry.NewRegistry(),
 	}
 }
 
-// BenchmarkInvokeTracingCost measures full-path invokes in one run, so the
-// ratios hold on a noisy machine, with tracing off, with a tenth of the
-// invokes sampled and with every one. The modes take turns in rounds, in
-// rotating order.
-// Metrics: invokes/s and CPU µs per invoke of each mode, and their ratios
-// to off (1 means free). The stacks share one heap; a collection before
-// each turn keeps one mode's garbage out of the next one's figures.
-// CPU per invoke is the steadier figure: the closed loop's throughput also
-// moves with scheduling.
+// switchProvider gives a service tracers that start their spans with one of
+// several providers, the one at index *active, so one stack can take turns
+// at every tracing mode. With a no-op provider active, the helpers of
+// telemetry do not recognise the tracer as no-op and start a no-op span: a
+// few tens of nanoseconds more than a service with tracing off pays.
+type switchProvider struct {
+	embedded.TracerProvider
+	providers []trace.TracerProvider
+	active    *atomic.Int32
+}
+
+func (p switchProvider) Tracer(name string, opts ...trace.TracerOption) trace.Tracer {
+	t := switchTracer{active: p.active}
+	for _, tp := range p.providers {
+		t.tracers = append(t.tracers, tp.Tracer(name, opts...))
+	}
+	return t
+}
+
+type switchTracer struct {
+	embedded.Tracer
+	tracers []trace.Tracer
+	active  *atomic.Int32
+}
+
+func (t switchTracer) Start(ctx context.Context, name string, opts ...trace.SpanStartOption) (context.Context, trace.Span) {
+	return t.tracers[t.active.Load()].Start(ctx, name, opts...)
+}
+
+// BenchmarkInvokeTracingCost measures full-path invokes of one stack whose
+// services switch between tracing off, a tenth of the invokes sampled and
+// every one sampled: the modes take turns of 2,000 invokes, in rotating
+// order, for 15 rounds. One stack and short turns keep the machine's drift
+// (other tenants of the host, frequency) and differences between stacks out
+// of the comparison, and no collection is forced: each mode pays for the
+// garbage it makes, give or take the tail of one GC cycle a turn.
+// Metrics: invokes/s and CPU µs per invoke of each mode over all rounds;
+// the median over the rounds of each mode's ratio to off in that round
+// (rate: 1 means free, 0.95 means 5 % fewer invokes per second; cpu: 1.05
+// means 5 % more CPU per invoke). CPU per invoke is the steadier figure: the
+// closed loop's throughput also moves with scheduling.
 func BenchmarkInvokeTracingCost(b *testing.B) {
 	modes := []struct {
-		name   string
-		driver *invokeDriver
-		used   usage
-	}{
-		{name: "off", driver: newInvokeDriver(b, tracingConfig(b, 0), 31)},
-		{name: "sampled10", driver: newInvokeDriver(b, tracingConfig(b, 0.1), 32)},
-		{name: "sampled", driver: newInvokeDriver(b, tracingConfig(b, 1), 34)},
+		name  string
+		ratio float64
+		used  []usage
+	}{{name: "off"}, {name: "sampled10", ratio: 0.1}, {name: "sampled", ratio: 1}}
+	var active atomic.Int32
+	switched := func(service string) trace.TracerProvider {
+		p := switchProvider{active: &active}
+		for _, m := range modes {
+			p.providers = append(p.providers, tracingProvider(b, service, m.ratio))
+		}
+		return p
 	}
+	d := newInvokeDriver(b, Config{
+		GatewayTracerProvider: switched(telemetry.ServiceGateway),
+		ShimTracerProvider:    switched(telemetry.ServiceShim),
+		HubTracerProvider:     switched(telemetry.ServiceDevicehub),
+		Registerer:            telemetry.NewRegistry(),
+	}, 31)
 	for i := range modes { // warm up
-		modes[i].driver.run(b, 500)
+		active.Store(int32(i))
+		d.run(b, 1000)
 	}
-	const rounds = 6
-	per := max(b.N/rounds, 64)
+	const rounds, turn = 15, 2000
 	b.ResetTimer()
 	for r := range rounds {
 		for k := range modes { // each mode goes first in turn
 			i := (k + r) % len(modes)
-			runtime.GC() // the garbage of the turn before is not this mode's to collect
-			modes[i].used.add(modes[i].driver.run(b, per))
+			active.Store(int32(i))
+			modes[i].used = append(modes[i].used, d.run(b, turn))
 		}
 	}
 	b.StopTimer()
-	offRate, offCPU := modes[0].used.report(b, per*rounds, "off-")
-	for _, m := range modes[1:] {
-		rate, cpu := m.used.report(b, per*rounds, m.name+"-")
-		b.ReportMetric(rate/offRate, m.name+"/off-rate")
-		b.ReportMetric(cpu/offCPU, m.name+"/off-cpu")
+	total := func(us []usage) (t usage) {
+		for _, u := range us {
+			t.add(u)
+		}
+		return t
 	}
+	total(modes[0].used).report(b, rounds*turn, "off-")
+	for _, m := range modes[1:] {
+		total(m.used).report(b, rounds*turn, m.name+"-")
+		rates, cpus := make([]float64, rounds), make([]float64, rounds)
+		for r, u := range m.used {
+			off := modes[0].used[r]
+			rates[r] = off.wall.Seconds() / u.wall.Seconds()
+			cpus[r] = u.cpu.Seconds() / off.cpu.Seconds()
+		}
+		b.ReportMetric(median(rates), m.name+"/off-rate")
+		b.ReportMetric(median(cpus), m.name+"/off-cpu")
+	}
+	b.ReportMetric(float64(rounds*turn*len(modes))/float64(b.N), "invokes/op")
+}
+
+func median(v []float64) float64 {
+	slices.Sort(v)
+	if n := len(v); n%2 == 0 {
+		return (v[n/2-1] + v[n/2]) / 2
+	}
+	return v[len(v)/2]
 }
 
 // BenchmarkInvokeTracingMode measures one stack per process, for comparing
