@@ -50,9 +50,9 @@ func BenchmarkSpan(b *testing.B) {
 	}
 }
 
-// BenchmarkInvokeSpans: the four spans of one node.invoke across the three
+// BenchmarkInvokeSpans: the three spans of one node.invoke across the three
 // services as docs/observability.md lays them out (operator request, shim
-// handler, devicehub handler, device call), with the header inject/extract
+// handler, device call), with the header inject/extract
 // between them and the facts each hop learns late, without the I/O.
 func BenchmarkInvokeSpans(b *testing.B) {
 	for _, name := range []string{"off", "sdk-unsampled", "sdk-sampled"} {
@@ -70,10 +70,10 @@ func BenchmarkInvokeSpans(b *testing.B) {
 				h1.AddInfo(telemetry.CallInfo{Node: benchInfo.Node, Command: benchInfo.Command})
 				m2 := &nats.Msg{Subject: "xc.acme.dev.a1b2c3d4e5f6.rpc"}
 				telemetry.InjectMsg(sctx, m2)
-				hctx, h2 := telemetry.StartNATSHandler(context.Background(), tr, m2, telemetry.CallInfo{})
-				_, dev := telemetry.StartDeviceCall(hctx, tr, "tools/call", 7, "websocket", telemetry.CallInfo{Tool: benchInfo.Tool})
+				_, dev := telemetry.StartDeviceCall(telemetry.ExtractHeader(context.Background(), m2.Header), tr,
+					"tools/call", "websocket", telemetry.CallInfo{Device: "a1b2c3d4e5f6", Tool: benchInfo.Tool})
+				dev.SetRequestID(7)
 				dev.End("", nil)
-				h2.End("", nil)
 				h1.End("", nil)
 				op.End("", nil)
 			}

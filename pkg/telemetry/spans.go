@@ -36,7 +36,7 @@ type Span struct {
 	// of a handler (its span name is derived at End).
 	name      string
 	transport string // device call: websocket or mqtt
-	rpcID     int64  // device call: the JSON-RPC id
+	rpcID     int64  // device call: the JSON-RPC id, 0 until assigned
 	invalidTP bool   // operator request: the frame's traceparent was ignored
 }
 
@@ -83,7 +83,7 @@ func StartOperatorRequest(ctx context.Context, tracer trace.Tracer, method, trac
 // StartNATSHandler starts the SERVER span of a handler of a NATS request or
 // message, as a child of the trace context in msg's header (a new trace when
 // there is none). It is named "process <subject template>", e.g.
-// "process xc.{tenant}.dev.{device}.rpc", so names and attributes stay low in
+// "process xc.{tenant}.node.invoke", so names and attributes stay low in
 // cardinality; the tenant and device (from the subject when info has none)
 // and the other ids become xiaoclaw.* attributes. A request the handler sends
 // on carries this span's context (InjectMsg): no client span of its own, one
@@ -103,11 +103,15 @@ func StartNATSHandler(ctx context.Context, tracer trace.Tracer, msg *nats.Msg, i
 	return ctx, &Span{span: span, kind: handlerSpan, name: msg.Subject, info: info}
 }
 
-// StartDeviceCall starts the CLIENT span of one JSON-RPC round trip between
-// the devicehub and a device (method "tools/call", ...): from writing the
-// request to the session until the matching reply, the deadline or the end
-// of the session.
-func StartDeviceCall(ctx context.Context, tracer trace.Tracer, method string, requestID int64, transport string, info CallInfo) (context.Context, *Span) {
+// StartDeviceCall starts the devicehub's span of one call: the CLIENT span
+// of a JSON-RPC request (method "tools/call", ...) to a device, from the
+// parsed request until the device's reply, the deadline or the end of the
+// session. It is the hub's only span of the call, a child of the trace
+// context in ctx (for a NATS request, ExtractHeader of its header): a NATS
+// handler span of its own would cost as much and differ from this one only
+// by the hub's few microseconds of parsing and replying. The hub sets the
+// request id once it is assigned (SetRequestID).
+func StartDeviceCall(ctx context.Context, tracer trace.Tracer, method, transport string, info CallInfo) (context.Context, *Span) {
 	if !compiledIn || isNoop(tracer) {
 		return ctx, nil
 	}
@@ -115,7 +119,7 @@ func StartDeviceCall(ctx context.Context, tracer trace.Tracer, method string, re
 	if !span.IsRecording() {
 		return ctx, nil
 	}
-	return ctx, &Span{span: span, kind: deviceSpan, name: method, transport: transport, rpcID: requestID, info: info}
+	return ctx, &Span{span: span, kind: deviceSpan, name: method, transport: transport, info: info}
 }
 
 // isNoop tells the tracer of a provider with tracing off, so the helpers
@@ -136,6 +140,14 @@ func (s *Span) AddInfo(info CallInfo) {
 		return
 	}
 	s.info.merge(info)
+}
+
+// SetRequestID records the JSON-RPC id the hub gave a device call.
+func (s *Span) SetRequestID(id int64) {
+	if s == nil {
+		return
+	}
+	s.rpcID = id
 }
 
 // AddPolicyDecision records the gateway's policy decision on the span as an
@@ -222,9 +234,11 @@ func (s *Span) attributes(dst []attribute.KeyValue, tmpl string) []attribute.Key
 			semconv.RPCSystemNameJSONRPC,
 			semconv.RPCMethod(s.name),
 			semconv.JSONRPCProtocolVersion("2.0"),
-			semconv.JSONRPCRequestID(strconv.FormatInt(s.rpcID, 10)),
 			semconv.NetworkProtocolName(s.transport),
 		)
+		if s.rpcID > 0 {
+			dst = append(dst, semconv.JSONRPCRequestID(strconv.FormatInt(s.rpcID, 10)))
+		}
 	}
 	return info.Attributes(dst)
 }

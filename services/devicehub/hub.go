@@ -274,15 +274,10 @@ func (h *hub) serveRPC(s *session, m *nats.Msg) {
 	if m.Reply == "" {
 		return // nobody to answer: a request without reply subject is not run
 	}
-	ctx, span := telemetry.StartNATSHandler(context.Background(), h.tracer, m, telemetry.CallInfo{})
+	ctx := telemetry.ExtractHeader(context.Background(), m.Header)
 	ctx, cancel := context.WithDeadline(ctx, wire.Deadline(m.Header, h.cfg.CallTimeout))
 	defer cancel()
-	method, raw, err := h.call(ctx, s, m.Data)
-	if err == nil {
-		if max := h.nc.MaxPayload(); int64(len(raw)) > max-1024 {
-			err = &wire.Fault{Code: wire.FaultTooLarge, Message: fmt.Sprintf("device response of %d bytes exceeds the bus limit", len(raw))}
-		}
-	}
+	method, raw, err := h.call(ctx, s, m.Data, h.nc.MaxPayload()-1024)
 	code := ""
 	if err != nil {
 		f := asFault(err)
@@ -291,15 +286,15 @@ func (h *hub) serveRPC(s *session, m *nats.Msg) {
 	} else if err := m.RespondMsg(&nats.Msg{Data: raw}); err != nil {
 		h.log.WarnContext(ctx, "devicehub: reply not sent", append(s.logAttrs(), "err", err)...)
 	}
-	span.End(code, err)
 	h.invokes.WithLabelValues(telemetry.LabelDevicehub, telemetry.CommandLabel(telemetry.MCPCommand(method)), telemetry.OutcomeOf(code)).Inc()
 }
 
 // call runs one caller request (a JSON-RPC request body) on s until ctx
 // ends and returns the request's method ("" when unreadable) with the
-// device's response. The device round trip gets a span of its own, a child
-// of ctx's.
-func (h *hub) call(ctx context.Context, s *session, body []byte) (string, json.RawMessage, error) {
+// device's response, which may be at most maxResponse bytes (0: any size).
+// A readable request gets the hub's span of the call (the device call), a
+// child of ctx's trace context.
+func (h *hub) call(ctx context.Context, s *session, body []byte, maxResponse int64) (string, json.RawMessage, error) {
 	if len(body) > h.cfg.MaxFrameBytes {
 		return "", nil, &wire.Fault{Code: wire.FaultTooLarge, Message: fmt.Sprintf("request of %d bytes exceeds %d", len(body), h.cfg.MaxFrameBytes)}
 	}
@@ -307,23 +302,26 @@ func (h *hub) call(ctx context.Context, s *session, body []byte) (string, json.R
 	if err != nil {
 		return "", nil, &wire.Fault{Code: wire.FaultInvalidRequest, Message: err.Error()}
 	}
-	var dspan *telemetry.Span
+	ctx, span := telemetry.StartDeviceCall(ctx, h.tracer, req.Method, s.transport, telemetry.CallInfo{Device: s.key.device})
+	if span.Recording() {
+		span.AddInfo(telemetry.CallInfo{Tool: toolName(req.Method, req.Params)})
+	}
 	var sent time.Time
 	raw, err := s.mcp.CallWithID(ctx, req.Method, req.Params, func(id uint64) {
-		_, dspan = telemetry.StartDeviceCall(ctx, h.tracer, req.Method, int64(id), s.transport, telemetry.CallInfo{})
-		if dspan.Recording() {
-			dspan.AddInfo(telemetry.CallInfo{Tool: toolName(req.Method, req.Params)})
-		}
+		span.SetRequestID(int64(id))
 		sent = time.Now()
 	})
 	if !sent.IsZero() { // the request reached the device's session
 		h.hopDevice.Observe(time.Since(sent).Seconds())
-		code := telemetry.FaultCode(err)
-		if err == nil && isErrorResponse(raw) {
-			code = wire.FaultDeviceError
-		}
-		dspan.End(code, err)
 	}
+	if err == nil && maxResponse > 0 && int64(len(raw)) > maxResponse {
+		err = &wire.Fault{Code: wire.FaultTooLarge, Message: fmt.Sprintf("device response of %d bytes exceeds the bus limit", len(raw))}
+	}
+	code := telemetry.FaultCode(err)
+	if err == nil && isErrorResponse(raw) {
+		code = wire.FaultDeviceError
+	}
+	span.End(code, err)
 	return req.Method, raw, err
 }
 

@@ -204,6 +204,6 @@ func (s *Service) Call(ctx context.Context, tenant, device string, request []byt
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.CallTimeout)
 	defer cancel()
-	_, raw, err := s.hub.call(ctx, sess, request)
+	_, raw, err := s.hub.call(ctx, sess, request, 0)
 	return raw, err
 }

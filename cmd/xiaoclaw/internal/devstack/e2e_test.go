@@ -56,9 +56,12 @@ func connectDevices(t testing.TB, st *Stack, hub, n int, seed uint32, tune func(
 	return f.Devices()
 }
 
-func nodeID(d *xzsim.Device) string {
+func nodeID(d *xzsim.Device) string { return wire.DeviceNodeID(canonical(d)) }
+
+// canonical is the device id the hub knows d by.
+func canonical(d *xzsim.Device) string {
 	c, _ := wire.CanonicalDevice(d.MAC())
-	return wire.DeviceNodeID(c)
+	return c
 }
 
 func operator(t testing.TB, url string) *occlient.Client {
