@@ -70,9 +70,9 @@ func StartOperatorRequest(ctx context.Context, tracer trace.Tracer, method, trac
 	}
 	var span trace.Span
 	if parented || !trace.SpanContextFromContext(ctx).IsValid() {
-		ctx, span = tracer.Start(ctx, method, trace.WithSpanKind(trace.SpanKindServer))
+		ctx, span = tracer.Start(ctx, method, serverSpan...)
 	} else { // a span in the connection's context must not become the parent
-		ctx, span = tracer.Start(ctx, method, trace.WithSpanKind(trace.SpanKindServer), trace.WithNewRoot())
+		ctx, span = tracer.Start(ctx, method, serverRootSpan...)
 	}
 	if !span.IsRecording() {
 		return ctx, nil
@@ -96,7 +96,7 @@ func StartNATSHandler(ctx context.Context, tracer trace.Tracer, msg *nats.Msg, i
 	if isNoop(tracer) {
 		return ctx, nil
 	}
-	ctx, span := tracer.Start(ctx, "nats.process", trace.WithSpanKind(trace.SpanKindServer))
+	ctx, span := tracer.Start(ctx, "nats.process", serverSpan...)
 	if !span.IsRecording() {
 		return ctx, nil
 	}
@@ -115,12 +115,21 @@ func StartDeviceCall(ctx context.Context, tracer trace.Tracer, method, transport
 	if !compiledIn || isNoop(tracer) {
 		return ctx, nil
 	}
-	ctx, span := tracer.Start(ctx, method, trace.WithSpanKind(trace.SpanKindClient))
+	ctx, span := tracer.Start(ctx, method, clientSpan...)
 	if !span.IsRecording() {
 		return ctx, nil
 	}
 	return ctx, &Span{span: span, kind: deviceSpan, name: method, transport: transport, info: info}
 }
+
+// The options of the helpers' spans, built once: a variadic list passed
+// to an interface method escapes, and would cost an allocation per span.
+// Never modified.
+var (
+	serverSpan     = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindServer)}
+	serverRootSpan = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindServer), trace.WithNewRoot()}
+	clientSpan     = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindClient)}
+)
 
 // isNoop tells the tracer of a provider with tracing off, so the helpers
 // skip even the no-op span and its context.
