@@ -8,7 +8,7 @@ LDFLAGS := -s -w -X main.version=$(VERSION)
 PKGS = $(shell $(GO) list -m -f '{{.Dir}}/...')
 DATA_DIR ?= $(CURDIR)/.tmp/dev
 
-.PHONY: help build build-cli dev test test-go test-race fuzz lint bench bench-tracing bench-openclaw interop jaeger jaeger-stop dev-observability test-jaeger images helm-tools helm-test tidy clean
+.PHONY: help build build-cli dev test test-go test-race fuzz lint bench bench-tracing tracing-share bench-openclaw interop jaeger jaeger-stop dev-observability test-jaeger images helm-tools helm-test tidy clean
 
 help: ## show this help
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -55,6 +55,9 @@ bench: ## run the Go benchmarks, then the real OpenClaw gateway against xiaoclaw
 
 bench-tracing: ## what tracing costs: throughput of a build without it vs tracing off vs every invoke sampled
 	scripts/bench-tracing.sh
+
+tracing-share: ## what tracing costs, read from CPU profiles: its share of the CPU with every invoke sampled
+	scripts/tracing-share.sh
 
 bench-openclaw: ## node.invoke latency: the real OpenClaw gateway vs xiaoclaw, same stock node host
 	scripts/bench-openclaw.sh
