@@ -33,10 +33,17 @@ func newDevTelemetry(ctx context.Context, env func(string) string, console io.Wr
 	cfg := telemetry.Config{Env: env, Version: version, SharedProcess: true, ConsoleWriter: console}
 	var err error
 	for _, p := range []struct {
-		dst  **telemetry.TracerProvider
-		name string
-	}{{&t.gateway, telemetry.ServiceGateway}, {&t.shim, telemetry.ServiceShim}, {&t.hub, telemetry.ServiceDevicehub}} {
-		if *p.dst, err = telemetry.NewTracerProvider(ctx, p.name, cfg); err != nil {
+		dst         **telemetry.TracerProvider
+		name, label string
+	}{
+		{&t.gateway, telemetry.ServiceGateway, telemetry.LabelGateway},
+		{&t.shim, telemetry.ServiceShim, telemetry.LabelShim},
+		{&t.hub, telemetry.ServiceDevicehub, telemetry.LabelDevicehub},
+	} {
+		if *p.dst, err = telemetry.NewTracerProvider(ctx, p.name, cfg); err == nil {
+			err = telemetry.RegisterSpansDropped(t.reg, p.label, *p.dst)
+		}
+		if err != nil {
 			t.shutdown()
 			return nil, err
 		}

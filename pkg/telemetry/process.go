@@ -14,6 +14,7 @@ import (
 // ProcessConfig describes one service process for StartProcess.
 type ProcessConfig struct {
 	Service   string // tracer service name, e.g. ServiceGateway
+	Label     string // its "service" metric label, e.g. LabelGateway
 	Instance  string
 	Version   string
 	LogLevel  string // debug, info, warn or error
@@ -48,6 +49,9 @@ func StartProcess(ctx context.Context, cfg ProcessConfig) (*Process, error) {
 		Env: cfg.Env, Instance: cfg.Instance, Version: cfg.Version, ConsoleWriter: cfg.Stdout,
 	})
 	if err != nil {
+		return nil, err
+	}
+	if err := RegisterSpansDropped(p.Registry, cfg.Label, p.Tracer); err != nil {
 		return nil, err
 	}
 	p.Log.Info("tracing", "config", p.Tracer.String())

@@ -54,12 +54,23 @@ type Config struct {
 type TracerProvider struct {
 	trace.TracerProvider
 	sdk     *sdktrace.TracerProvider
+	batches []*BatchProcessor // one per exporter
 	service string
 	summary string
 }
 
 // Enabled reports whether spans are recorded and exported.
 func (p *TracerProvider) Enabled() bool { return p.sdk != nil }
+
+// DroppedSpans is the number of spans dropped so far because an exporter's
+// queue was full (a slow or unreachable backend).
+func (p *TracerProvider) DroppedSpans() uint64 {
+	var n uint64
+	for _, b := range p.batches {
+		n += b.Dropped()
+	}
+	return n
+}
 
 // ServiceName is the service.name the provider's spans carry.
 func (p *TracerProvider) ServiceName() string { return p.service }
@@ -125,6 +136,7 @@ func NewTracerProvider(ctx context.Context, serviceName string, cfg Config) (*Tr
 		sdktrace.WithResource(s.resource(name, cfg)),
 	}
 	var exporters []sdktrace.SpanExporter
+	var batches []*BatchProcessor
 	closeAll := func() {
 		for _, e := range exporters {
 			_ = e.Shutdown(ctx)
@@ -139,7 +151,9 @@ func NewTracerProvider(ctx context.Context, serviceName string, cfg Config) (*Tr
 		}
 		exporters = append(exporters, exp)
 		summary = append(summary, desc)
-		opts = append(opts, sdktrace.WithSpanProcessor(NewBatchProcessor(exp, s.batchOptions())))
+		batch := NewBatchProcessor(exp, s.batchOptions())
+		batches = append(batches, batch)
+		opts = append(opts, sdktrace.WithSpanProcessor(batch))
 	}
 	if cfg.SpanProcessor != nil {
 		opts = append(opts, sdktrace.WithSpanProcessor(cfg.SpanProcessor))
@@ -149,6 +163,7 @@ func NewTracerProvider(ctx context.Context, serviceName string, cfg Config) (*Tr
 	return &TracerProvider{
 		TracerProvider: stp,
 		sdk:            stp,
+		batches:        batches,
 		service:        name,
 		summary:        "tracing on: " + strings.Join(summary, ", "),
 	}, nil

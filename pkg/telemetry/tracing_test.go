@@ -5,10 +5,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
@@ -313,6 +315,39 @@ func TestShutdownFlushesQueuedSpans(t *testing.T) {
 		t.Fatal(err)
 	}
 	rcv.WaitForTrace(t, root.SpanContext().TraceID().String(), 10)
+}
+
+// A backend that does not keep up costs spans, never calls: the queue drops
+// what does not fit, and the metric says how many.
+func TestDroppedSpansAreCounted(t *testing.T) {
+	unread, stuck := io.Pipe() // the console exporter writes to a pipe nobody reads
+	defer unread.Close() // lets the exporter fail, so the provider can shut down
+	tp := newProvider(t, "svc", telemetry.Config{
+		Env: telemetrytest.MapEnv(map[string]string{"OTEL_TRACES_EXPORTER": "console",
+			"OTEL_BSP_MAX_QUEUE_SIZE": "2", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "1"}),
+		ConsoleWriter: stuck,
+	})
+	reg := telemetry.NewRegistry()
+	if err := telemetry.RegisterSpansDropped(reg, telemetry.LabelShim, tp); err != nil {
+		t.Fatal(err)
+	}
+	tr := tp.Tracer(telemetry.ScopeName)
+	for range 20 {
+		_, s := tr.Start(context.Background(), "call")
+		s.End()
+	}
+	// One span is being written, two wait in the queue: at least 17 dropped.
+	want := `
+# HELP xiaoclaw_trace_spans_dropped_total Spans dropped because the export queue was full (a slow or unreachable trace backend).
+# TYPE xiaoclaw_trace_spans_dropped_total counter
+xiaoclaw_trace_spans_dropped_total{service="shim"} %d
+`
+	if got := tp.DroppedSpans(); got < 17 {
+		t.Fatalf("dropped %d spans, want at least 17", got)
+	}
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(fmt.Sprintf(want, tp.DroppedSpans())), telemetry.MetricSpansDropped); err != nil {
+		t.Fatal(err)
+	}
 }
 
 var _ sdktrace.SpanProcessor = tracetest.NewSpanRecorder()

@@ -67,7 +67,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		return err
 	}
 
-	proc, err := telemetry.StartProcess(ctx, telemetry.ProcessConfig{Service: telemetry.ServiceShim,
+	proc, err := telemetry.StartProcess(ctx, telemetry.ProcessConfig{Service: telemetry.ServiceShim, Label: telemetry.LabelShim,
 		Instance: *instance, Version: version, LogLevel: *logLevel, LogFormat: *logFormat, Env: os.Getenv, Stderr: stderr, Stdout: os.Stdout})
 	if err != nil {
 		return err
