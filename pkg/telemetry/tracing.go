@@ -135,21 +135,16 @@ func NewTracerProvider(ctx context.Context, serviceName string, cfg Config) (*Tr
 		sdktrace.WithSampler(s.sampler),
 		sdktrace.WithResource(s.resource(name, cfg)),
 	}
-	var exporters []sdktrace.SpanExporter
 	var batches []*BatchProcessor
-	closeAll := func() {
-		for _, e := range exporters {
-			_ = e.Shutdown(ctx)
-		}
-	}
 	summary := []string{"sampler=" + s.samplerDesc}
 	for _, kind := range s.exporters {
 		exp, desc, err := s.newExporter(ctx, kind, cfg)
 		if err != nil {
-			closeAll()
+			for _, b := range batches { // stops its goroutine and its exporter
+				_ = b.Shutdown(ctx)
+			}
 			return nil, err
 		}
-		exporters = append(exporters, exp)
 		summary = append(summary, desc)
 		batch := NewBatchProcessor(exp, s.batchOptions())
 		batches = append(batches, batch)
