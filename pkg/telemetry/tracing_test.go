@@ -321,7 +321,7 @@ func TestShutdownFlushesQueuedSpans(t *testing.T) {
 // what does not fit, and the metric says how many.
 func TestDroppedSpansAreCounted(t *testing.T) {
 	unread, stuck := io.Pipe() // the console exporter writes to a pipe nobody reads
-	defer unread.Close() // lets the exporter fail, so the provider can shut down
+	defer unread.Close()       // lets the exporter fail, so the provider can shut down
 	tp := newProvider(t, "svc", telemetry.Config{
 		Env: telemetrytest.MapEnv(map[string]string{"OTEL_TRACES_EXPORTER": "console",
 			"OTEL_BSP_MAX_QUEUE_SIZE": "2", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "1"}),
