@@ -29,7 +29,7 @@ func (c HeaderCarrier) Get(key string) string {
 		return v[0]
 	}
 	for k, v := range c {
-		if len(v) > 0 && strings.EqualFold(k, key) {
+		if len(k) == len(key) && len(v) > 0 && strings.EqualFold(k, key) {
 			return v[0]
 		}
 	}
@@ -55,15 +55,8 @@ func InjectHeader(ctx context.Context, h nats.Header) {
 	if !compiledIn {
 		return
 	}
-	sc := trace.SpanContextFromContext(ctx)
-	if !sc.IsValid() {
-		return
-	}
-	h[HeaderTraceparent] = []string{FormatTraceparent(sc)}
-	if ts := sc.TraceState(); ts.Len() > 0 {
-		h[HeaderTracestate] = []string{ts.String()}
-	} else {
-		delete(h, HeaderTracestate)
+	if sc := trace.SpanContextFromContext(ctx); sc.IsValid() {
+		injectSpanContext(h, sc)
 	}
 }
 
@@ -72,14 +65,23 @@ func InjectMsg(ctx context.Context, msg *nats.Msg) {
 	if !compiledIn {
 		return
 	}
-	sc := trace.SpanContextFromContext(ctx)
+	sc := trace.SpanContextFromContext(ctx) // walks ctx's chain: once per message
 	if !sc.IsValid() {
 		return
 	}
 	if msg.Header == nil {
 		msg.Header = nats.Header{}
 	}
-	InjectHeader(ctx, msg.Header)
+	injectSpanContext(msg.Header, sc)
+}
+
+func injectSpanContext(h nats.Header, sc trace.SpanContext) {
+	h[HeaderTraceparent] = []string{FormatTraceparent(sc)}
+	if ts := sc.TraceState(); ts.Len() > 0 {
+		h[HeaderTracestate] = []string{ts.String()}
+	} else {
+		delete(h, HeaderTracestate)
+	}
 }
 
 // ExtractHeader returns ctx with the remote span context carried in h as the
