@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 
 	"github.com/nats-io/nats.go"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/audit"
 	"github.com/xiaoclaw/xiaoclaw/services/gateway"
@@ -86,25 +87,11 @@ func adminRoutes(admin, auditAPI http.Handler) http.Handler {
 // the first error.
 func runTogether(runs ...func(context.Context) error) func(context.Context) error {
 	return func(ctx context.Context) error {
-		ctx, cancel := context.WithCancel(ctx)
-		defer cancel()
-		errs := make(chan error, len(runs))
+		g, gctx := errgroup.WithContext(ctx)
 		for _, run := range runs {
-			go func() {
-				err := run(ctx)
-				if err != nil {
-					cancel()
-				}
-				errs <- err
-			}()
+			g.Go(func() error { return run(gctx) })
 		}
-		var first error
-		for range runs {
-			if err := <-errs; err != nil && first == nil {
-				first = err
-			}
-		}
-		return first
+		return g.Wait()
 	}
 }
 
