@@ -81,16 +81,8 @@ func NewLagMonitor(nc *nats.Conn, cfg LagMonitorConfig, log *slog.Logger) (*LagM
 // keep their last values; one log line says so when that starts and one
 // when it ends.
 func (m *LagMonitor) Run(ctx context.Context) error {
-	t := time.NewTicker(m.cfg.Interval)
-	defer t.Stop()
-	for {
-		m.sample(ctx)
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
-	}
+	telemetry.Poll(ctx, m.cfg.Interval, func() { m.sample(ctx) })
+	return nil
 }
 
 // sample measures once and sets the gauges (the backlog first, so that a

@@ -73,18 +73,12 @@ func (h *DBHealth) Check() Check {
 
 // Run pings at once and then every Interval until ctx is done; it returns nil.
 func (h *DBHealth) Run(ctx context.Context) error {
-	t := time.NewTicker(h.cfg.Interval)
-	defer t.Stop()
-	for {
+	Poll(ctx, h.cfg.Interval, func() {
 		pctx, cancel := context.WithTimeout(ctx, h.cfg.Timeout)
+		defer cancel()
 		_ = h.ping(pctx)
-		cancel()
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
-	}
+	})
+	return nil
 }
 
 // ping pings and records the answer, unless the caller gave up first (a

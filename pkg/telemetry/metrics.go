@@ -7,9 +7,11 @@ package telemetry
 // `xiaoclaw dev`) share the metric and tell themselves apart by labels.
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
@@ -222,4 +224,20 @@ func CommandLabel(command string) string {
 // "mcp.initialize".
 func MCPCommand(method string) string {
 	return "mcp." + strings.ReplaceAll(method, "/", ".")
+}
+
+// Poll calls sample at once and then every interval until ctx is done: the
+// loop of a gauge read from somewhere else (a database ping, a stream's
+// backlog).
+func Poll(ctx context.Context, interval time.Duration, sample func()) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		sample()
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }
