@@ -1,6 +1,7 @@
 package telemetry
 
 import (
+	"cmp"
 	"context"
 	"errors"
 
@@ -121,17 +122,12 @@ type CallInfo struct {
 
 // merge sets the fields of c that o has.
 func (c *CallInfo) merge(o CallInfo) {
-	set := func(dst *string, v string) {
-		if v != "" {
-			*dst = v
-		}
-	}
-	set(&c.Tenant, o.Tenant)
-	set(&c.Principal, o.Principal)
-	set(&c.Node, o.Node)
-	set(&c.Device, o.Device)
-	set(&c.Command, o.Command)
-	set(&c.Tool, o.Tool)
+	c.Tenant = cmp.Or(o.Tenant, c.Tenant)
+	c.Principal = cmp.Or(o.Principal, c.Principal)
+	c.Node = cmp.Or(o.Node, c.Node)
+	c.Device = cmp.Or(o.Device, c.Device)
+	c.Command = cmp.Or(o.Command, c.Command)
+	c.Tool = cmp.Or(o.Tool, c.Tool)
 }
 
 // Attributes appends the non-empty fields of c to dst as xiaoclaw.* attributes.
