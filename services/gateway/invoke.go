@@ -169,10 +169,9 @@ func (call *invokeCall) run() {
 		return
 	}
 
-	msg := &nats.Msg{Subject: call.subject, Data: call.body, Header: nats.Header{}}
-	msg.Header.Set(wire.HeaderTenant, c.principal.Tenant)
-	msg.Header.Set(wire.HeaderRequestID, newID())
-	msg.Header.Set(wire.HeaderPrincipal, c.principal.ID)
+	// The subject names the tenant; the deadline and the trace context are
+	// all the headers a call needs.
+	msg := &nats.Msg{Subject: call.subject, Data: call.body, Header: make(nats.Header, 2)}
 	wire.SetTimeout(msg.Header, call.deadline)
 	telemetry.InjectMsg(call.ctx, msg)
 	sent := time.Now()

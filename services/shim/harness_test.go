@@ -205,7 +205,6 @@ func (e *env) tryInvoke(tenant string, req wire.InvokeRequest, timeout time.Dura
 	}
 	msg := &nats.Msg{Subject: wire.NodeInvoke(tenant), Header: nats.Header{}, Data: data}
 	msg.Header.Set(wire.HeaderTimeout, strconv.FormatInt(timeout.Milliseconds(), 10))
-	msg.Header.Set(wire.HeaderRequestID, "req-1")
 	reply, err := e.nc.RequestMsg(msg, timeout+2*time.Second)
 	if err != nil {
 		return wire.InvokeReply{}, fmt.Errorf("node.invoke %s: %w", req.Command, err)

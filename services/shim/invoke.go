@@ -96,15 +96,9 @@ func (s *Service) invoke(ctx context.Context, span *telemetry.Span, msg *nats.Ms
 		return req.Command, nil, fault
 	}
 
-	out := &nats.Msg{Subject: wire.DeviceRPC(tenant, rec.Device), Header: make(nats.Header, 4), Data: call.Request}
-	out.Header[wire.HeaderTenant] = []string{tenant}
-	// Request id and principal travel on to the hub; the trace context is
-	// the handler span's (InjectMsg below).
-	for _, k := range [...]string{wire.HeaderRequestID, wire.HeaderPrincipal} {
-		if v, ok := msg.Header[k]; ok {
-			out.Header[k] = v
-		}
-	}
+	// The hub learns tenant and device from the subject; the headers carry
+	// the deadline and the handler span's trace context (InjectMsg below).
+	out := &nats.Msg{Subject: wire.DeviceRPC(tenant, rec.Device), Header: make(nats.Header, 2), Data: call.Request}
 	wire.SetTimeout(out.Header, deadline)
 	wait := time.Until(deadline)
 	if wait <= 0 {
