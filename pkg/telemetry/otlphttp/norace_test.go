@@ -1,0 +1,5 @@
+//go:build !race
+
+package otlphttp
+
+const raceEnabled = false
