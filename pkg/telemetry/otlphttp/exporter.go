@@ -83,6 +83,12 @@ type Exporter struct {
 	inflight sync.WaitGroup
 	stop     context.Context
 	stopNow  context.CancelFunc
+
+	// spare is the buffer of the last export, kept for the next: a batch
+	// processor exports one batch at a time, so one buffer serves it with
+	// no allocation. (A sync.Pool would lose it at every GC, and a busy
+	// service collects several times a second.)
+	spare atomic.Pointer[buffer]
 }
 
 var _ sdktrace.SpanExporter = (*Exporter)(nil)
@@ -193,8 +199,11 @@ func (e *Exporter) ExportSpans(ctx context.Context, spans []sdktrace.ReadOnlySpa
 	defer cancel(nil)
 	defer context.AfterFunc(e.stop, func() { cancel(ErrShutdown) })()
 
-	buf := getBuffer()
-	defer putBuffer(buf)
+	buf := e.spare.Swap(nil)
+	if buf == nil {
+		buf = new(buffer)
+	}
+	defer e.keep(buf)
 	buf.raw = buf.enc.appendRequest(buf.raw[:0], spans)
 	body := buf.raw
 	if e.gzip {
@@ -357,6 +366,7 @@ type buffer struct {
 	enc  encoder
 	raw  []byte
 	zbuf bytes.Buffer
+	zw   *gzip.Writer // writes into zbuf; kept with it
 	resp bytes.Buffer
 	// open counts request body readers the transport has not closed yet.
 	// The transport may read a body after Do returned (net/http allows
@@ -365,44 +375,31 @@ type buffer struct {
 	open atomic.Int32
 }
 
-var (
-	bufferPool sync.Pool
-	gzipPool   sync.Pool
-)
-
-func getBuffer() *buffer {
-	if b, ok := bufferPool.Get().(*buffer); ok {
-		return b
-	}
-	return new(buffer)
-}
-
-func putBuffer(b *buffer) {
+// keep makes b the spare buffer unless the transport may still read it or
+// it grew past maxPooledBuffer.
+func (e *Exporter) keep(b *buffer) {
 	if b.open.Load() != 0 || cap(b.raw) > maxPooledBuffer || b.zbuf.Cap() > maxPooledBuffer {
 		return
 	}
 	b.resp.Reset()
-	bufferPool.Put(b)
+	e.spare.Store(b)
 }
 
 // compress gzips b.raw into b.zbuf and returns its bytes.
 func (b *buffer) compress() ([]byte, error) {
 	b.zbuf.Reset()
-	zw, _ := gzipPool.Get().(*gzip.Writer)
-	if zw == nil {
+	if b.zw == nil {
 		var err error
-		if zw, err = gzip.NewWriterLevel(&b.zbuf, gzip.BestSpeed); err != nil {
+		if b.zw, err = gzip.NewWriterLevel(&b.zbuf, gzip.BestSpeed); err != nil {
 			return nil, err
 		}
 	} else {
-		zw.Reset(&b.zbuf)
+		b.zw.Reset(&b.zbuf)
 	}
-	_, err := zw.Write(b.raw)
-	if cerr := zw.Close(); err == nil {
+	_, err := b.zw.Write(b.raw)
+	if cerr := b.zw.Close(); err == nil {
 		err = cerr
 	}
-	zw.Reset(io.Discard)
-	gzipPool.Put(zw)
 	if err != nil {
 		return nil, err
 	}
