@@ -16,7 +16,6 @@ import (
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
-	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	"go.opentelemetry.io/otel/exporters/stdout/stdouttrace"
 	"go.opentelemetry.io/otel/sdk"
 	"go.opentelemetry.io/otel/sdk/resource"
@@ -24,6 +23,8 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
+
+	"github.com/xiaoclaw/xiaoclaw/pkg/telemetry/otlphttp"
 )
 
 // Config of a tracer provider. The OTEL_* variables (see docs/observability.md)
@@ -464,16 +465,10 @@ func (s traceSettings) newHTTPExporter(ctx context.Context) (sdktrace.SpanExport
 		}
 		target = u.String()
 	}
-	opts := []otlptracehttp.Option{otlptracehttp.WithEndpointURL(target), otlptracehttp.WithTimeout(s.timeout)}
-	if s.headers != nil {
-		opts = append(opts, otlptracehttp.WithHeaders(s.headers))
-	}
-	if s.compression == "gzip" {
-		opts = append(opts, otlptracehttp.WithCompression(otlptracehttp.GzipCompression))
-	} else {
-		opts = append(opts, otlptracehttp.WithCompression(otlptracehttp.NoCompression))
-	}
-	exp, err := otlptracehttp.New(ctx, opts...)
+	// The project's own exporter: it encodes straight from the SDK's spans,
+	// where otlptracehttp builds protobuf structs for each span and marshals
+	// them, which costs about as much CPU as making the spans.
+	exp, err := otlphttp.New(otlphttp.Options{URL: target, Headers: s.headers, Timeout: s.timeout, Gzip: s.compression == "gzip"})
 	if err != nil {
 		return nil, "", fmt.Errorf("telemetry: OTLP/HTTP exporter: %w", err)
 	}
