@@ -4,6 +4,9 @@ package devstack
 
 import (
 	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strconv"
 	"sync"
@@ -90,14 +93,20 @@ func processCPU(b *testing.B) time.Duration {
 // tracingProvider is one service's provider tracing a share of the invokes
 // (three spans each, through the batch processor into an exporter that drops
 // them): every one at ratio 1, none with tracing off (ratio 0: the no-op
-// provider a service gets without OTEL_* variables).
-func tracingProvider(b *testing.B, service string, ratio float64) trace.TracerProvider {
+// provider a service gets without OTEL_* variables). With otlpURL set the
+// spans go to that OTLP/HTTP endpoint instead, as a deployed service's do.
+func tracingProvider(b *testing.B, service string, ratio float64, otlpURL string) trace.TracerProvider {
 	ctx := context.Background()
 	cfg := telemetry.Config{SharedProcess: true}
 	if ratio > 0 {
-		cfg.SpanProcessor = telemetry.NewBatchProcessor(tracetest.NewNoopExporter(), telemetry.BatchOptions{})
-		cfg.Env = telemetrytest.MapEnv(map[string]string{
-			"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": strconv.FormatFloat(ratio, 'f', -1, 64)})
+		env := map[string]string{
+			"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": strconv.FormatFloat(ratio, 'f', -1, 64)}
+		if otlpURL != "" {
+			env["OTEL_EXPORTER_OTLP_ENDPOINT"] = otlpURL
+		} else {
+			cfg.SpanProcessor = telemetry.NewBatchProcessor(tracetest.NewNoopExporter(), telemetry.BatchOptions{})
+		}
+		cfg.Env = telemetrytest.MapEnv(env)
 	}
 	tp, err := telemetry.NewTracerProvider(ctx, service, cfg)
 	if err != nil {
@@ -107,14 +116,28 @@ func tracingProvider(b *testing.B, service string, ratio float64) trace.TracerPr
 	return tp
 }
 
-// tracingConfig is a stack whose three services trace at ratio.
-func tracingConfig(b *testing.B, ratio float64) Config {
+// tracingConfig is a stack whose three services trace at ratio (exporting
+// to otlpURL when set).
+func tracingConfig(b *testing.B, ratio float64, otlpURL string) Config {
 	return Config{
-		GatewayTracerProvider: tracingProvider(b, telemetry.ServiceGateway, ratio),
-		ShimTracerProvider:    tracingProvider(b, telemetry.ServiceShim, ratio),
-		HubTracerProvider:     tracingProvider(b, telemetry.ServiceDevicehub, ratio),
+		GatewayTracerProvider: tracingProvider(b, telemetry.ServiceGateway, ratio, otlpURL),
+		ShimTracerProvider:    tracingProvider(b, telemetry.ServiceShim, ratio, otlpURL),
+		HubTracerProvider:     tracingProvider(b, telemetry.ServiceDevicehub, ratio, otlpURL),
 		Registerer:            telemetry.NewRegistry(),
 	}
+}
+
+// otlpSink is an OTLP/HTTP trace receiver that accepts every export and
+// keeps nothing: the backend of the "exported" mode, so the benchmark pays
+// for what a service pays (encoding, HTTP) and little for the backend.
+func otlpSink(b *testing.B) string {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/x-protobuf")
+		w.WriteHeader(http.StatusOK)
+	}))
+	b.Cleanup(srv.Close)
+	return srv.URL
 }
 
 // switchProvider gives a service tracers that start their spans with one of
@@ -171,7 +194,7 @@ func BenchmarkInvokeTracingCost(b *testing.B) {
 	switched := func(service string) trace.TracerProvider {
 		p := switchProvider{active: &active}
 		for _, m := range modes {
-			p.providers = append(p.providers, tracingProvider(b, service, m.ratio))
+			p.providers = append(p.providers, tracingProvider(b, service, m.ratio, ""))
 		}
 		return p
 	}
@@ -227,15 +250,22 @@ func median(v []float64) float64 {
 // BenchmarkInvokeTracingMode measures one stack per process, for comparing
 // builds: scripts/bench-tracing.sh runs "off", "sampled10" and "sampled" of
 // the normal build and "off" of a build with -tags xc_omit_tracing (where
-// the others record nothing), process after process. Metrics: invokes/s and CPU µs
-// per invoke.
+// the others record nothing), process after process. "exported" is
+// "sampled" with the spans sent over OTLP/HTTP to a receiver in the same
+// process (scripts/tracing-share.sh). Metrics: invokes/s and CPU µs per
+// invoke.
 func BenchmarkInvokeTracingMode(b *testing.B) {
 	for _, mode := range []struct {
 		name  string
 		ratio float64
-	}{{"off", 0}, {"sampled10", 0.1}, {"sampled", 1}} {
+		otlp  bool
+	}{{"off", 0, false}, {"sampled10", 0.1, false}, {"sampled", 1, false}, {"exported", 1, true}} {
 		b.Run(mode.name, func(b *testing.B) {
-			d := newInvokeDriver(b, tracingConfig(b, mode.ratio), 33)
+			var otlpURL string
+			if mode.otlp {
+				otlpURL = otlpSink(b)
+			}
+			d := newInvokeDriver(b, tracingConfig(b, mode.ratio, otlpURL), 33)
 			d.run(b, 500)
 			b.ResetTimer()
 			d.run(b, b.N).report(b, b.N, "")
