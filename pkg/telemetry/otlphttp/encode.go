@@ -536,6 +536,18 @@ func appendScalarValue(b []byte, v attribute.Value) []byte {
 	return b
 }
 
+// appendArray writes xs as the ArrayValue of an AnyValue, each element as
+// the AnyValue of val(x).
+func appendArray[T any](b []byte, xs []T, val func(T) attribute.Value) []byte {
+	b, l := beginMessage(b, avArray, reserveSmall)
+	for _, x := range xs {
+		b = appendAnyValue(b, listValues, val(x))
+	}
+	return endMessage(b, l)
+}
+
+func value(v attribute.Value) attribute.Value { return v }
+
 // appendAnyValue writes v as an AnyValue message in field num, mapping the
 // attribute types the way the official exporter does.
 func appendAnyValue(b []byte, num protowire.Number, v attribute.Value) []byte {
@@ -551,40 +563,15 @@ func appendAnyValue(b []byte, num protowire.Number, v attribute.Value) []byte {
 		b = protowire.AppendTag(b, avBytes, protowire.BytesType)
 		b = protowire.AppendBytes(b, v.AsByteSlice())
 	case attribute.BOOLSLICE:
-		var l int
-		b, l = beginMessage(b, avArray, reserveSmall)
-		for _, x := range v.AsBoolSlice() {
-			b = appendAnyValue(b, listValues, attribute.BoolValue(x))
-		}
-		b = endMessage(b, l)
+		b = appendArray(b, v.AsBoolSlice(), attribute.BoolValue)
 	case attribute.INT64SLICE:
-		var l int
-		b, l = beginMessage(b, avArray, reserveSmall)
-		for _, x := range v.AsInt64Slice() {
-			b = appendAnyValue(b, listValues, attribute.Int64Value(x))
-		}
-		b = endMessage(b, l)
+		b = appendArray(b, v.AsInt64Slice(), attribute.Int64Value)
 	case attribute.FLOAT64SLICE:
-		var l int
-		b, l = beginMessage(b, avArray, reserveSmall)
-		for _, x := range v.AsFloat64Slice() {
-			b = appendAnyValue(b, listValues, attribute.Float64Value(x))
-		}
-		b = endMessage(b, l)
+		b = appendArray(b, v.AsFloat64Slice(), attribute.Float64Value)
 	case attribute.STRINGSLICE:
-		var l int
-		b, l = beginMessage(b, avArray, reserveSmall)
-		for _, x := range v.AsStringSlice() {
-			b = appendAnyValue(b, listValues, attribute.StringValue(x))
-		}
-		b = endMessage(b, l)
+		b = appendArray(b, v.AsStringSlice(), attribute.StringValue)
 	case attribute.SLICE:
-		var l int
-		b, l = beginMessage(b, avArray, reserveSmall)
-		for _, x := range v.AsSlice() {
-			b = appendAnyValue(b, listValues, x)
-		}
-		b = endMessage(b, l)
+		b = appendArray(b, v.AsSlice(), value)
 	case attribute.MAP:
 		var l int
 		b, l = beginMessage(b, avKvlist, reserveSmall)
