@@ -35,7 +35,6 @@ const (
 	AttrOutcome    = attribute.Key("xiaoclaw.outcome")
 	AttrErrorCode  = attribute.Key("xiaoclaw.error.code")
 	AttrPolicyRule = attribute.Key("xiaoclaw.policy.rule")
-	AttrEffect     = attribute.Key("xiaoclaw.policy.effect")
 	// AttrTraceparentInvalid marks a root span started because the operator's
 	// frame carried a traceparent that failed validation.
 	AttrTraceparentInvalid = attribute.Key("xiaoclaw.traceparent.invalid")

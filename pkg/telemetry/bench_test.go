@@ -63,7 +63,6 @@ func BenchmarkInvokeSpans(b *testing.B) {
 				ctx, op := telemetry.StartOperatorRequest(context.Background(), tr, "node.invoke", "",
 					telemetry.CallInfo{Tenant: benchInfo.Tenant, Principal: benchInfo.Principal})
 				op.AddInfo(telemetry.CallInfo{Node: benchInfo.Node, Command: benchInfo.Command, Tool: benchInfo.Tool})
-				op.AddPolicyDecision(telemetry.EffectAllow, "p1")
 				m1 := &nats.Msg{Subject: "xc.acme.node.invoke"}
 				telemetry.InjectMsg(ctx, m1)
 				sctx, h1 := telemetry.StartNATSHandler(context.Background(), tr, m1, telemetry.CallInfo{})

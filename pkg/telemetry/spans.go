@@ -38,6 +38,8 @@ type Span struct {
 	transport string // device call: websocket or mqtt
 	rpcID     int64  // device call: the JSON-RPC id, 0 until assigned
 	invalidTP bool   // operator request: the frame's traceparent was ignored
+	// denyingRule: operator request, the policy rule that refused the call.
+	denyingRule string
 }
 
 type spanKind uint8
@@ -159,13 +161,16 @@ func (s *Span) SetRequestID(id int64) {
 	s.rpcID = id
 }
 
-// AddPolicyDecision records the gateway's policy decision on the span as an
-// event (cheaper than a span of its own).
-func (s *Span) AddPolicyDecision(effect, rule string) {
+// SetDenyingRule records that the policy refused the call and the rule
+// that did: the xiaoclaw.policy.rule attribute. An allowed call's span says
+// nothing of the policy beyond going on (its rule is in the audit row, which
+// carries the trace id): an event or attribute on every call would cost
+// about a tenth of the span.
+func (s *Span) SetDenyingRule(rule string) {
 	if s == nil {
 		return
 	}
-	s.span.AddEvent("policy.decision", trace.WithAttributes(AttrEffect.String(effect), AttrPolicyRule.String(rule)))
+	s.denyingRule = rule
 }
 
 // attrBuffers recycles the attribute lists End builds: the SDK copies them
@@ -220,6 +225,9 @@ func (s *Span) attributes(dst []attribute.KeyValue, tmpl string) []attribute.Key
 		dst = append(dst, semconv.RPCSystemNameKey.String("openclaw"), semconv.RPCMethod(s.name))
 		if s.invalidTP {
 			dst = append(dst, AttrTraceparentInvalid.Bool(true))
+		}
+		if s.denyingRule != "" {
+			dst = append(dst, AttrPolicyRule.String(s.denyingRule))
 		}
 	case handlerSpan:
 		// destination.name holds the template: the real subject would put

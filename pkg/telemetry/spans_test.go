@@ -151,7 +151,6 @@ func startMiniSystem(t testing.TB, rec *telemetrytest.Recorder, env map[string]s
 func (m *miniSystem) invoke(traceparent, node, tool string) (trace.SpanContext, *wire.InvokeReply, error) {
 	info := telemetry.CallInfo{Tenant: "acme", Principal: "ops@acme", Node: node, Command: "mcp.tools.call", Tool: tool}
 	ctx, span := telemetry.StartOperatorRequest(context.Background(), m.gwTracer, "node.invoke", traceparent, info)
-	span.AddPolicyDecision(telemetry.EffectAllow, "p, ops, acme, *, mcp.tools.call")
 	sc := trace.SpanContextFromContext(ctx)
 	req, _ := json.Marshal(wire.InvokeRequest{NodeID: node, Command: "mcp.tools.call", Params: json.RawMessage(`{"name":"` + tool + `","arguments":{}}`)})
 	msg := nats.NewMsg(wire.NodeInvoke("acme"))
@@ -216,8 +215,8 @@ func TestOneTraceFromOperatorFrameToDevice(t *testing.T) {
 	if root.Parent().SpanID().String() != "b7ad6b7169203331" || !root.Parent().IsRemote() {
 		t.Errorf("root's parent %v, want the operator's span b7ad6b7169203331", root.Parent())
 	}
-	if ev := root.Events(); len(ev) != 1 || ev[0].Name != "policy.decision" {
-		t.Errorf("gateway span events %v, want the policy decision", ev)
+	if ev := root.Events(); len(ev) != 0 {
+		t.Errorf("gateway span events %v, want none", ev)
 	}
 	for k, v := range map[string]string{"xiaoclaw.tenant": "acme", "xiaoclaw.principal": "ops@acme", "xiaoclaw.tool": "self.light.on",
 		"rpc.method": "node.invoke", "xiaoclaw.command": "mcp.tools.call"} {
@@ -315,6 +314,27 @@ func TestFailuresCarryOutcomeAndErrorCode(t *testing.T) {
 	}
 }
 
+func TestPolicyDenialNamesTheRule(t *testing.T) {
+	rec := telemetrytest.NewRecorder()
+	tr := rec.Provider(t, telemetry.ServiceGateway, nil).Tracer(telemetry.ScopeName)
+	info := telemetry.CallInfo{Tenant: "acme", Principal: "ops@acme", Node: "xz-a1b2c3d4e5f6", Command: "mcp.tools.call", Tool: "self.reboot"}
+	ctx, span := telemetry.StartOperatorRequest(context.Background(), tr, "node.invoke", "", info)
+	span.SetDenyingRule("rule-no-reboot")
+	span.End(telemetry.CodeDenied, nil)
+	traceID, _ := telemetry.TraceIDs(ctx)
+	tid, _ := trace.TraceIDFromHex(traceID)
+	s := rec.WaitForTrace(t, tid, 1)[0]
+	for k, v := range map[string]string{"xiaoclaw.policy.rule": "rule-no-reboot", "xiaoclaw.outcome": telemetry.OutcomeDenied,
+		"xiaoclaw.error.code": telemetry.CodeDenied, "xiaoclaw.tool": "self.reboot"} {
+		if got := telemetrytest.Attr(s, k); got != v {
+			t.Errorf("%s = %q, want %q", k, got, v)
+		}
+	}
+	if s.Status().Code != codes.Error {
+		t.Errorf("status %v, want Error", s.Status())
+	}
+}
+
 func TestTracingOffStillPassesTheOperatorTraceAlong(t *testing.T) {
 	_, connect := startNATS(t)
 	off, err := telemetry.NewTracerProvider(context.Background(), telemetry.ServiceShim, telemetry.Config{})
@@ -332,7 +352,7 @@ func TestTracingOffStillPassesTheOperatorTraceAlong(t *testing.T) {
 		t.Fatalf("trace id %q, want the operator's", traceID)
 	}
 	span.AddInfo(telemetry.CallInfo{Node: "xz-a1b2c3d4e5f6"}) // safe on a span that does not record
-	span.AddPolicyDecision(telemetry.EffectAllow, "r1")
+	span.SetDenyingRule("r1")
 	span.End("", nil)
 
 	// Shim: what arrives with the request leaves with the next one.

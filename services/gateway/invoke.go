@@ -84,10 +84,9 @@ func (c *conn) handleNodeInvoke(req protocol.Request) {
 	call.audit.Decision = dec
 	if dec.Allowed {
 		s.metrics.allowed.Inc()
-		call.span.AddPolicyDecision(telemetry.EffectAllow, dec.RuleID)
 	} else {
 		s.metrics.denied.Inc()
-		call.span.AddPolicyDecision(telemetry.EffectDeny, dec.RuleID)
+		call.span.SetDenyingRule(dec.RuleID)
 	}
 	if !dec.Allowed {
 		call.reject(protocol.PolicyDenied(c.protocol, inv.Command, areq.Tool, dec.RuleID, dec.Reason), OutcomeDenied)

@@ -152,9 +152,6 @@ func TestInvokeTraceAcrossServices(t *testing.T) {
 		"xiaoclaw.command": "mcp.tools.call", "xiaoclaw.tool": "self.get_device_status",
 		"xiaoclaw.outcome": "ok",
 	})
-	if !hasEvent(root, "policy.decision", "xiaoclaw.policy.effect", "allow") {
-		t.Errorf("gateway span lacks the policy.decision event: %v", root.Events())
-	}
 	wantAttrs(t, chain[1], map[string]string{
 		"messaging.system": "nats", "messaging.operation.name": "process", "messaging.operation.type": "process",
 		"messaging.destination.name": "xc.{tenant}.node.invoke", "xiaoclaw.tenant": DevTenant,
@@ -261,20 +258,6 @@ func wantAttrs(t *testing.T, s sdktrace.ReadOnlySpan, want map[string]string) {
 			t.Errorf("%s %q: %s = %q, want %q", telemetrytest.Service(s), s.Name(), k, got, v)
 		}
 	}
-}
-
-func hasEvent(s sdktrace.ReadOnlySpan, name, key, value string) bool {
-	for _, e := range s.Events() {
-		if e.Name != name {
-			continue
-		}
-		for _, a := range e.Attributes {
-			if string(a.Key) == key && a.Value.AsString() == value {
-				return true
-			}
-		}
-	}
-	return false
 }
 
 func httpGet(t *testing.T, url string) string {
