@@ -1,7 +1,6 @@
 package telemetry
 
 import (
-	"cmp"
 	"context"
 	"strconv"
 	"strings"
@@ -192,8 +191,9 @@ func (s *Span) End(code string, err error) {
 	}
 	var tmpl string // a handler's subject template: its name and destination
 	if s.kind == handlerSpan {
-		tmpl = SubjectTemplate(s.name)
-		s.span.SetName("process " + tmpl)
+		var name string
+		name, tmpl = handlerSpanName(s.name)
+		s.span.SetName(name)
 	}
 	buf := attrBuffers.Get().(*[maxSpanAttrs]attribute.KeyValue)
 	attrs := s.attributes(buf[:0], tmpl)
@@ -239,11 +239,14 @@ func (s *Span) attributes(dst []attribute.KeyValue, tmpl string) []attribute.Key
 			semconv.MessagingOperationTypeKey.String("process"),
 			semconv.MessagingDestinationName(tmpl),
 		)
-		if info.Tenant == "" || info.Device == "" {
-			if t, d, ok := wire.DeviceFromSubject(s.name); ok {
-				info.Tenant, info.Device = cmp.Or(info.Tenant, t), cmp.Or(info.Device, d)
-			} else if t, ok := wire.TenantFromSubject(s.name); ok && info.Tenant == "" {
+		if info.Tenant == "" {
+			if t, ok := wire.TenantFromSubject(s.name); ok {
 				info.Tenant = t
+			}
+		}
+		if info.Device == "" {
+			if _, d, ok := wire.DeviceFromSubject(s.name); ok {
+				info.Device = d
 			}
 		}
 	case deviceSpan:
@@ -276,40 +279,66 @@ func TraceIDs(ctx context.Context) (traceID, spanID string) {
 // "xc.{tenant}.ocnode.{node}.invoke", and a reply inbox becomes "_INBOX".
 // System subjects (xc._sys.…) and other subjects are returned as they are.
 func SubjectTemplate(subject string) string {
+	if t, ok := constantTemplate(subject); ok {
+		return t
+	}
+	return string(appendSubjectTemplate(make([]byte, 0, len(subject)+16), subject))
+}
+
+// constantTemplate is the template of a subject that needs no rewriting.
+func constantTemplate(subject string) (string, bool) {
 	if strings.HasPrefix(subject, "_INBOX.") {
-		return "_INBOX"
+		return "_INBOX", true
 	}
 	rest, ok := strings.CutPrefix(subject, "xc.")
 	if !ok || rest == "" || rest[0] == '_' {
-		return subject
+		return subject, true
 	}
-	_, rest, ok = strings.Cut(rest, ".") // drop the tenant
+	return "", false
+}
+
+// appendSubjectTemplate appends the template of an xc.<tenant>.… subject.
+func appendSubjectTemplate(b []byte, subject string) []byte {
+	_, rest, ok := strings.Cut(subject[len("xc."):], ".") // drop the tenant
 	if !ok {
-		return "xc.{tenant}"
+		return append(b, "xc.{tenant}"...)
 	}
-	var b strings.Builder
-	b.Grow(len(subject) + 16)
-	b.WriteString("xc.{tenant}.")
+	b = append(b, "xc.{tenant}."...)
 	kind, tail, hasTail := strings.Cut(rest, ".")
-	b.WriteString(kind)
+	b = append(b, kind...)
 	if !hasTail {
-		return b.String()
+		return b
 	}
 	switch kind {
 	case "dev", "ocnode":
 		_, after, more := strings.Cut(tail, ".")
 		if kind == "dev" {
-			b.WriteString(".{device}")
+			b = append(b, ".{device}"...)
 		} else {
-			b.WriteString(".{node}")
+			b = append(b, ".{node}"...)
 		}
 		if more {
-			b.WriteByte('.')
-			b.WriteString(after)
+			b = append(b, '.')
+			b = append(b, after...)
 		}
 	default:
-		b.WriteByte('.')
-		b.WriteString(tail)
+		b = append(b, '.')
+		b = append(b, tail...)
 	}
-	return b.String()
+	return b
+}
+
+// handlerSpanName returns a handler span's name, "process <template>", and
+// the template, a suffix of the name: one allocation for both.
+func handlerSpanName(subject string) (name, tmpl string) {
+	const prefix = "process "
+	var buf [128]byte
+	b := append(buf[:0], prefix...)
+	if t, ok := constantTemplate(subject); ok {
+		b = append(b, t...)
+	} else {
+		b = appendSubjectTemplate(b, subject)
+	}
+	name = string(b)
+	return name, name[len(prefix):]
 }
