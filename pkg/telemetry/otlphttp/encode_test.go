@@ -196,6 +196,18 @@ func sdkSpans(t testing.TB) []sdktrace.ReadOnlySpan {
 	_, s = tB.Start(sctx, "big", trace.WithAttributes(attribute.String("blob", strings.Repeat("b", 20000))))
 	s.End()
 
+	// String attributes whose value, AnyValue and KeyValue lengths each
+	// cross 127/128 bytes (a two-byte length), and keys of those lengths.
+	var lengths []attribute.KeyValue
+	for n := 112; n <= 130; n++ {
+		lengths = append(lengths, attribute.String(fmt.Sprintf("len.%03d", n), strings.Repeat("v", n)))
+	}
+	lengths = append(lengths,
+		attribute.String(strings.Repeat("k", 127), ""),
+		attribute.String(strings.Repeat("K", 128), "v"))
+	_, s = tB.Start(sctx, "lengths", trace.WithAttributes(lengths...))
+	s.End()
+
 	server.SetStatus(codes.Error, "")
 	server.End()
 
@@ -449,22 +461,25 @@ func TestConformance(t *testing.T) {
 // is deterministic, and the bytes are the same too — same field order, same
 // minimal lengths.
 func TestConformanceBytes(t *testing.T) {
-	all := sdkSpans(t)
-	first := all[0].Resource().Equivalent()
-	var spans []sdktrace.ReadOnlySpan
-	for _, s := range all {
-		if s.Resource().Equivalent() == first {
-			spans = append(spans, s)
-		}
-	}
-	want := officialBody(t, spans)
-	got := AppendExportRequest(nil, spans)
-	if !bytes.Equal(want, got) {
-		i := 0
-		for i < len(want) && i < len(got) && want[i] == got[i] {
-			i++
-		}
-		t.Fatalf("bodies differ at byte %d (lengths %d and %d)", i, len(got), len(want))
+	for name, all := range map[string][]sdktrace.ReadOnlySpan{"sdk": sdkSpans(t), "stubs": stubSpans(t)} {
+		t.Run(name, func(t *testing.T) {
+			first := all[0].Resource().Equivalent()
+			var spans []sdktrace.ReadOnlySpan
+			for _, s := range all {
+				if s.Resource().Equivalent() == first {
+					spans = append(spans, s)
+				}
+			}
+			want := officialBody(t, spans)
+			got := AppendExportRequest(nil, spans)
+			if !bytes.Equal(want, got) {
+				i := 0
+				for i < len(want) && i < len(got) && want[i] == got[i] {
+					i++
+				}
+				t.Fatalf("bodies differ at byte %d (lengths %d and %d)", i, len(got), len(want))
+			}
+		})
 	}
 }
 
