@@ -293,7 +293,8 @@ func appendResource(b []byte, res *resource.Resource) []byte {
 	var m int
 	b, m = beginMessage(b, rsResource, reserveSmall)
 	for it := res.Iter(); it.Next(); {
-		b = appendKeyValue(b, resAttributes, it.Attribute())
+		kv := it.Attribute()
+		b = appendKeyValue(b, resAttributes, &kv)
 	}
 	return endMessage(b, m)
 }
@@ -304,7 +305,8 @@ func appendScope(b []byte, s *instrumentation.Scope) []byte {
 	b = appendStringField(b, scopeName, s.Name)
 	b = appendStringField(b, scopeVersion, s.Version)
 	for it := s.Attributes.Iter(); it.Next(); {
-		b = appendKeyValue(b, scopeAttributes, it.Attribute())
+		kv := it.Attribute()
+		b = appendKeyValue(b, scopeAttributes, &kv)
 	}
 	return endMessage(b, m)
 }
@@ -329,9 +331,7 @@ func appendSpan(b []byte, sd sdktrace.ReadOnlySpan) []byte {
 	b = appendVarintField(b, spanKind, otlpSpanKind(sd.SpanKind()))
 	b = appendFixed64Field(b, spanStartTime, uint64(max(0, sd.StartTime().UnixNano())))
 	b = appendFixed64Field(b, spanEndTime, uint64(max(0, sd.EndTime().UnixNano())))
-	for _, kv := range sd.Attributes() {
-		b = appendKeyValue(b, spanAttributes, kv)
-	}
+	b = appendAttributes(b, spanAttributes, sd.Attributes())
 	b = appendVarintField(b, spanDroppedAttributes, clampUint32(sd.DroppedAttributes()))
 	for i, evs := 0, sd.Events(); i < len(evs); i++ {
 		b = appendEvent(b, &evs[i])
@@ -353,9 +353,7 @@ func appendEvent(b []byte, ev *sdktrace.Event) []byte {
 	b, m = beginMessage(b, spanEvents, reserveSmall)
 	b = appendFixed64Field(b, eventTime, uint64(max(0, ev.Time.UnixNano())))
 	b = appendStringField(b, eventName, ev.Name)
-	for _, kv := range ev.Attributes {
-		b = appendKeyValue(b, eventAttributes, kv)
-	}
+	b = appendAttributes(b, eventAttributes, ev.Attributes)
 	b = appendVarintField(b, eventDroppedAttributes, clampUint32(ev.DroppedAttributeCount))
 	return endMessage(b, m)
 }
@@ -370,9 +368,7 @@ func appendLink(b []byte, l *sdktrace.Link) []byte {
 	b = protowire.AppendBytes(b, tid[:])
 	b = protowire.AppendTag(b, linkSpanID, protowire.BytesType)
 	b = protowire.AppendBytes(b, sid[:])
-	for _, kv := range l.Attributes {
-		b = appendKeyValue(b, linkAttributes, kv)
-	}
+	b = appendAttributes(b, linkAttributes, l.Attributes)
 	b = appendVarintField(b, linkDroppedAttributes, clampUint32(l.DroppedAttributeCount))
 	b = protowire.AppendTag(b, linkFlags, protowire.Fixed32Type)
 	b = protowire.AppendFixed32(b, spanFlagsOf(l.SpanContext.TraceFlags(), l.SpanContext))
@@ -461,23 +457,75 @@ func clampUint32(v int) uint64 {
 	return uint64(v)
 }
 
-// appendKeyValue writes kv as a KeyValue message in field num. Scalar values
-// have sizes known up front and are written without a length fix-up.
-func appendKeyValue(b []byte, num protowire.Number, kv attribute.KeyValue) []byte {
-	if kv.Value.Type() == attribute.STRING { // the common case, spelled out
-		v := kv.Value.AsString()
-		vs := 1 + protowire.SizeBytes(len(v)) // avString's tag is one byte
-		size := 1 + protowire.SizeBytes(vs)   // so is kvValue's
-		if kv.Key != "" {
-			size += 1 + protowire.SizeBytes(len(kv.Key))
+// appendAttributes writes attrs as KeyValue messages in field num. Strings,
+// the common case, are dispatched here so that they skip appendKeyValue's
+// larger frame.
+func appendAttributes(b []byte, num protowire.Number, attrs []attribute.KeyValue) []byte {
+	for i := range attrs {
+		kv := &attrs[i] // not a copy of the 72-byte KeyValue
+		if kv.Value.Type() == attribute.STRING {
+			b = appendStringKeyValue(b, bytesTag(num), string(kv.Key), kv.Value.AsString())
+		} else {
+			b = appendKeyValue(b, num, kv)
 		}
-		b = protowire.AppendTag(b, num, protowire.BytesType)
-		b = protowire.AppendVarint(b, uint64(size))
-		b = appendStringField(b, kvKey, string(kv.Key))
-		b = append(b, byte(kvValue)<<3|byte(protowire.BytesType))
-		b = protowire.AppendVarint(b, uint64(vs))
-		b = append(b, byte(avString)<<3|byte(protowire.BytesType))
-		return protowire.AppendString(b, v)
+	}
+	return b
+}
+
+// appendStringKeyValue writes a KeyValue with a string value, the type of
+// nearly every attribute, behind the one-byte tag. Its tags are constants and
+// its lengths mostly one byte, so they are appended directly rather than
+// through protowire's general varint code.
+func appendStringKeyValue(b []byte, tag byte, key, v string) []byte {
+	vs := 1 + sizeLen(len(v)) + len(v) // the AnyValue: tag, length, bytes
+	size := 1 + sizeLen(vs) + vs
+	if key != "" {
+		size += 1 + sizeLen(len(key)) + len(key)
+	}
+	b = append(b, tag)
+	b = appendLen(b, size)
+	if key != "" {
+		b = append(b, bytesTag(kvKey))
+		b = appendLen(b, len(key))
+		b = append(b, key...)
+	}
+	b = append(b, bytesTag(kvValue))
+	b = appendLen(b, vs)
+	b = append(b, bytesTag(avString))
+	b = appendLen(b, len(v))
+	return append(b, v...)
+}
+
+// bytesTag is the one-byte tag of length-delimited field num < 16; with a
+// constant num it is a constant.
+func bytesTag(num protowire.Number) byte {
+	return byte(num)<<3 | byte(protowire.BytesType)
+}
+
+// sizeLen is protowire.SizeVarint for a length, with the common one-byte
+// case inlined.
+func sizeLen(n int) int {
+	if n < 0x80 {
+		return 1
+	}
+	return protowire.SizeVarint(uint64(n))
+}
+
+// appendLen is protowire.AppendVarint for a length, with the common
+// one-byte case inlined.
+func appendLen(b []byte, n int) []byte {
+	if n < 0x80 {
+		return append(b, byte(n))
+	}
+	return protowire.AppendVarint(b, uint64(n))
+}
+
+// appendKeyValue writes kv as a KeyValue message in field num, which must be
+// below 16 (a one-byte tag), as all attribute fields are. Scalar values
+// have sizes known up front and are written without a length fix-up.
+func appendKeyValue(b []byte, num protowire.Number, kv *attribute.KeyValue) []byte {
+	if kv.Value.Type() == attribute.STRING { // the common case
+		return appendStringKeyValue(b, bytesTag(num), string(kv.Key), kv.Value.AsString())
 	}
 	if vs, ok := scalarValueSize(kv.Value); ok {
 		size := protowire.SizeTag(kvValue) + protowire.SizeBytes(vs)
@@ -575,9 +623,7 @@ func appendAnyValue(b []byte, num protowire.Number, v attribute.Value) []byte {
 	case attribute.MAP:
 		var l int
 		b, l = beginMessage(b, avKvlist, reserveSmall)
-		for _, kv := range v.AsMap() {
-			b = appendKeyValue(b, listValues, kv)
-		}
+		b = appendAttributes(b, listValues, v.AsMap())
 		b = endMessage(b, l)
 	default:
 		// A type this package does not know: the official exporter sends
