@@ -317,15 +317,15 @@ func appendSpan(b []byte, sd sdktrace.ReadOnlySpan) []byte {
 
 	sc := sd.SpanContext()
 	tid, sid := sc.TraceID(), sc.SpanID()
-	b = protowire.AppendTag(b, spanTraceID, protowire.BytesType)
-	b = protowire.AppendBytes(b, tid[:])
-	b = protowire.AppendTag(b, spanSpanID, protowire.BytesType)
-	b = protowire.AppendBytes(b, sid[:])
+	b = append(b, bytesTag(spanTraceID), byte(len(tid)))
+	b = append(b, tid[:]...)
+	b = append(b, bytesTag(spanSpanID), byte(len(sid)))
+	b = append(b, sid[:]...)
 	b = appendTraceState(b, spanTraceState, sc.TraceState())
 	parent := sd.Parent()
 	if psid := parent.SpanID(); psid.IsValid() {
-		b = protowire.AppendTag(b, spanParentSpanID, protowire.BytesType)
-		b = protowire.AppendBytes(b, psid[:])
+		b = append(b, bytesTag(spanParentSpanID), byte(len(psid)))
+		b = append(b, psid[:]...)
 	}
 	b = appendStringField(b, spanName, sd.Name())
 	b = appendVarintField(b, spanKind, otlpSpanKind(sd.SpanKind()))
@@ -342,7 +342,7 @@ func appendSpan(b []byte, sd sdktrace.ReadOnlySpan) []byte {
 	}
 	b = appendVarintField(b, spanDroppedLinks, clampUint32(sd.DroppedLinks()))
 	b = appendStatus(b, sd.Status())
-	b = protowire.AppendTag(b, spanFlags, protowire.Fixed32Type)
+	b = append(b, spanFlagsTag...)
 	b = protowire.AppendFixed32(b, spanFlagsOf(sc.TraceFlags(), parent))
 
 	return endMessage(b, m)
@@ -387,13 +387,13 @@ func appendStatus(b []byte, s sdktrace.Status) []byte {
 	}
 	size := 0
 	if s.Description != "" {
-		size += protowire.SizeTag(statusMessage) + protowire.SizeBytes(len(s.Description))
+		size += 1 + sizeLen(len(s.Description)) + len(s.Description)
 	}
 	if code != 0 {
-		size += protowire.SizeTag(statusCode) + protowire.SizeVarint(code)
+		size += 2 // one-byte tag, one-byte code
 	}
-	b = protowire.AppendTag(b, spanStatus, protowire.BytesType)
-	b = protowire.AppendVarint(b, uint64(size))
+	b = append(b, bytesTag(spanStatus))
+	b = appendLen(b, size)
 	b = appendStringField(b, statusMessage, s.Description)
 	return appendVarintField(b, statusCode, code)
 }
@@ -503,11 +503,20 @@ func appendStringKeyValue(b []byte, tag byte, key, v string) []byte {
 	return append(b, v...)
 }
 
-// bytesTag is the one-byte tag of length-delimited field num < 16; with a
-// constant num it is a constant.
-func bytesTag(num protowire.Number) byte {
-	return byte(num)<<3 | byte(protowire.BytesType)
+// tag is the one-byte tag of field num < 16 with wire type typ; with
+// constant arguments it is a constant.
+func tag(num protowire.Number, typ protowire.Type) byte {
+	return byte(num)<<3 | byte(typ)
 }
+
+// bytesTag is the tag of length-delimited field num < 16.
+func bytesTag(num protowire.Number) byte {
+	return tag(num, protowire.BytesType)
+}
+
+// spanFlagsTag is the tag of Span.flags, field 16, the one field written
+// here whose tag takes two bytes.
+var spanFlagsTag = protowire.AppendTag(nil, spanFlags, protowire.Fixed32Type)
 
 // sizeLen is protowire.SizeVarint for a length, with the common one-byte
 // case inlined.
@@ -641,28 +650,33 @@ func appendAnyValue(b []byte, num protowire.Number, v attribute.Value) []byte {
 	return endMessage(b, m)
 }
 
+// appendStringField, appendVarintField and appendFixed64Field write field
+// num unless its value is zero. num must be below 16 (a one-byte tag), as
+// every field they write is.
 func appendStringField(b []byte, num protowire.Number, s string) []byte {
 	if s == "" {
 		return b
 	}
-	b = protowire.AppendTag(b, num, protowire.BytesType)
-	return protowire.AppendString(b, s)
+	b = append(b, bytesTag(num))
+	b = appendLen(b, len(s))
+	return append(b, s...)
 }
 
 func appendVarintField(b []byte, num protowire.Number, v uint64) []byte {
 	if v == 0 {
 		return b
 	}
-	b = protowire.AppendTag(b, num, protowire.VarintType)
-	return protowire.AppendVarint(b, v)
+	if v < 0x80 { // span kinds and status codes
+		return append(b, tag(num, protowire.VarintType), byte(v))
+	}
+	return protowire.AppendVarint(append(b, tag(num, protowire.VarintType)), v)
 }
 
 func appendFixed64Field(b []byte, num protowire.Number, v uint64) []byte {
 	if v == 0 {
 		return b
 	}
-	b = protowire.AppendTag(b, num, protowire.Fixed64Type)
-	return protowire.AppendFixed64(b, v)
+	return protowire.AppendFixed64(append(b, tag(num, protowire.Fixed64Type)), v)
 }
 
 // beginMessage starts a length-delimited field num: it writes the tag and
