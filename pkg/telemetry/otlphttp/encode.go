@@ -475,21 +475,24 @@ func appendAttributes(b []byte, num protowire.Number, attrs []attribute.KeyValue
 // appendStringKeyValue writes a KeyValue with a string value, the type of
 // nearly every attribute, behind the one-byte tag. Its tags are constants and
 // its lengths mostly one byte, so they are appended directly rather than
-// through protowire's general varint code. Under 128 bytes with a key, the
-// usual case, every length is one byte and the message takes four appends.
-func appendStringKeyValue(b []byte, tag byte, key, v string) []byte {
+// through protowire's general varint code.
+func appendStringKeyValue(b []byte, fieldTag byte, key, v string) []byte {
+	// The usual case: with a key and under 128 bytes in all, every length
+	// is one byte and the message takes four appends. Its size is the key
+	// and the value with two tags and two lengths each, the value's being
+	// its AnyValue's.
+	if key != "" && len(key)+len(v) < 0x80-6 {
+		b = append(b, fieldTag, byte(6+len(key)+len(v)), bytesTag(kvKey), byte(len(key)))
+		b = append(b, key...)
+		b = append(b, bytesTag(kvValue), byte(2+len(v)), bytesTag(avString), byte(len(v)))
+		return append(b, v...)
+	}
 	vs := 1 + sizeLen(len(v)) + len(v) // the AnyValue: tag, length, bytes
 	size := 1 + sizeLen(vs) + vs
 	if key != "" {
 		size += 1 + sizeLen(len(key)) + len(key)
 	}
-	if size < 0x80 && key != "" {
-		b = append(b, tag, byte(size), bytesTag(kvKey), byte(len(key)))
-		b = append(b, key...)
-		b = append(b, bytesTag(kvValue), byte(vs), bytesTag(avString), byte(len(v)))
-		return append(b, v...)
-	}
-	b = append(b, tag)
+	b = append(b, fieldTag)
 	b = appendLen(b, size)
 	if key != "" {
 		b = append(b, bytesTag(kvKey))
