@@ -56,7 +56,7 @@ bench: ## run the Go benchmarks, then the real OpenClaw gateway against xiaoclaw
 bench-tracing: ## what tracing costs: throughput of a build without it vs tracing off vs every invoke sampled
 	scripts/bench-tracing.sh
 
-tracing-share: ## what tracing costs, read from CPU profiles: its share of the CPU with every invoke sampled and exported over OTLP/HTTP
+tracing-share: ## what tracing costs against a build without it, read from CPU profiles: tracing off, and every invoke sampled and exported over OTLP/HTTP
 	scripts/tracing-share.sh
 
 bench-openclaw: ## node.invoke latency: the real OpenClaw gateway vs xiaoclaw, same stock node host
