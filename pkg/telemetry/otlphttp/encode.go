@@ -517,9 +517,9 @@ func bytesTag(num protowire.Number) byte {
 	return tag(num, protowire.BytesType)
 }
 
-// spanFlagsTag is the tag of Span.flags, field 16, the one field written
-// here whose tag takes two bytes.
-var spanFlagsTag = protowire.AppendTag(nil, spanFlags, protowire.Fixed32Type)
+// spanFlagsTag is the tag of Span.flags, field 16 of wire type fixed32, the
+// one field written here whose tag takes two bytes: the varint of 16<<3|5.
+const spanFlagsTag = "\x85\x01"
 
 // sizeLen is protowire.SizeVarint for a length, with the common one-byte
 // case inlined.
