@@ -279,27 +279,19 @@ func TraceIDs(ctx context.Context) (traceID, spanID string) {
 // "xc.{tenant}.ocnode.{node}.invoke", and a reply inbox becomes "_INBOX".
 // System subjects (xc._sys.…) and other subjects are returned as they are.
 func SubjectTemplate(subject string) string {
-	if t, ok := constantTemplate(subject); ok {
-		return t
-	}
-	return string(appendSubjectTemplate(make([]byte, 0, len(subject)+16), subject))
+	return string(appendSubjectTemplate(nil, subject))
 }
 
-// constantTemplate is the template of a subject that needs no rewriting.
-func constantTemplate(subject string) (string, bool) {
+// appendSubjectTemplate appends the template of subject (SubjectTemplate).
+func appendSubjectTemplate(b []byte, subject string) []byte {
 	if strings.HasPrefix(subject, "_INBOX.") {
-		return "_INBOX", true
+		return append(b, "_INBOX"...)
 	}
 	rest, ok := strings.CutPrefix(subject, "xc.")
 	if !ok || rest == "" || rest[0] == '_' {
-		return subject, true
+		return append(b, subject...)
 	}
-	return "", false
-}
-
-// appendSubjectTemplate appends the template of an xc.<tenant>.… subject.
-func appendSubjectTemplate(b []byte, subject string) []byte {
-	_, rest, ok := strings.Cut(subject[len("xc."):], ".") // drop the tenant
+	_, rest, ok = strings.Cut(rest, ".") // drop the tenant
 	if !ok {
 		return append(b, "xc.{tenant}"...)
 	}
@@ -333,12 +325,6 @@ func appendSubjectTemplate(b []byte, subject string) []byte {
 func handlerSpanName(subject string) (name, tmpl string) {
 	const prefix = "process "
 	var buf [128]byte
-	b := append(buf[:0], prefix...)
-	if t, ok := constantTemplate(subject); ok {
-		b = append(b, t...)
-	} else {
-		b = appendSubjectTemplate(b, subject)
-	}
-	name = string(b)
+	name = string(appendSubjectTemplate(append(buf[:0], prefix...), subject))
 	return name, name[len(prefix):]
 }
