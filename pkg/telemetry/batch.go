@@ -161,7 +161,7 @@ func (p *BatchProcessor) run() {
 	defer close(p.done)
 	timer := time.NewTimer(p.opts.ScheduleDelay)
 	defer timer.Stop()
-	spare := make([]sdktrace.ReadOnlySpan, 0, p.opts.MaxQueueSize)
+	batch := make([]sdktrace.ReadOnlySpan, 0, p.opts.MaxExportBatch)
 	for {
 		var reply chan error
 		select {
@@ -169,12 +169,12 @@ func (p *BatchProcessor) run() {
 		case <-timer.C:
 		case reply = <-p.flushes:
 		case <-p.stop:
-			if err := p.exportQueued(&spare); err != nil {
+			if err := p.exportQueued(&batch); err != nil {
 				otel.Handle(err)
 			}
 			return
 		}
-		err := p.exportQueued(&spare)
+		err := p.exportQueued(&batch)
 		if reply != nil {
 			reply <- err
 		} else if err != nil {
@@ -184,25 +184,32 @@ func (p *BatchProcessor) run() {
 	}
 }
 
-// exportQueued takes the whole queue, leaving spare (empty) in its place, and
-// exports it in batches; the taken slice becomes the next spare. Exporters
-// do not keep the slice they are given. It returns the first export error.
-func (p *BatchProcessor) exportQueued(spare *[]sdktrace.ReadOnlySpan) error {
+// exportQueued exports the spans queued when it is called, in batches taken
+// off the front of the queue one at a time, so the queue refills while a
+// batch is out: at most MaxQueueSize spans wait and one batch is exported,
+// as with the SDK's processor. batch is the reused memory of a batch.
+// It returns the first export error.
+func (p *BatchProcessor) exportQueued(batch *[]sdktrace.ReadOnlySpan) error {
 	p.mu.Lock()
-	spans := p.queue
-	p.queue = *spare
+	left := len(p.queue) // not what arrives meanwhile: a flush must end
 	p.mu.Unlock()
 	var first error
-	for rest := spans; len(rest) > 0; {
-		n := min(len(rest), p.opts.MaxExportBatch)
+	for left > 0 {
+		n := min(left, p.opts.MaxExportBatch)
+		p.mu.Lock()
+		b := append((*batch)[:0], p.queue[:n]...)
+		kept := copy(p.queue, p.queue[n:])
+		clear(p.queue[kept:])
+		p.queue = p.queue[:kept]
+		p.mu.Unlock()
 		ctx, cancel := context.WithTimeout(context.Background(), p.opts.ExportTimeout)
-		if err := p.exporter.ExportSpans(ctx, rest[:n]); err != nil && first == nil {
+		if err := p.exporter.ExportSpans(ctx, b); err != nil && first == nil {
 			first = err
 		}
 		cancel()
-		rest = rest[n:]
+		clear(b)
+		*batch = b[:0]
+		left -= n
 	}
-	clear(spans)
-	*spare = spans[:0]
 	return first
 }
