@@ -6,13 +6,14 @@ import (
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/access"
 	"github.com/xiaoclaw/xiaoclaw/pkg/tenancy"
+	"github.com/xiaoclaw/xiaoclaw/pkg/toolcall"
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
 )
 
 // Command names that carry a tool call; the v1 form is the same action.
 const (
-	CommandToolCall   = "mcp.tools.call"
-	CommandToolCallV1 = "mcp.tools.call.v1"
+	CommandToolCall   = toolcall.CommandCall
+	CommandToolCallV1 = toolcall.CommandCallV1
 	// ToolActionPrefix starts the action of a tool call: "mcp.tools.call:<tool>".
 	ToolActionPrefix = CommandToolCall + ":"
 )
@@ -25,9 +26,10 @@ const (
 )
 
 // Action is the policy action of a command: the command itself, or
-// "mcp.tools.call:<tool>" for a tool call (v1 or not).
+// "mcp.tools.call:<tool>" for every command that calls a tool
+// (toolcall.IsToolCall), whichever spelling it uses.
 func Action(command, tool string) string {
-	if command == CommandToolCall || command == CommandToolCallV1 {
+	if toolcall.IsToolCall(command) {
 		return ToolActionPrefix + tool
 	}
 	return command

@@ -11,6 +11,7 @@ import (
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/access"
 	"github.com/xiaoclaw/xiaoclaw/pkg/telemetry"
+	"github.com/xiaoclaw/xiaoclaw/pkg/toolcall"
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
 	"github.com/xiaoclaw/xiaoclaw/services/gateway/internal/idempotency"
 	"github.com/xiaoclaw/xiaoclaw/services/gateway/internal/protocol"
@@ -69,15 +70,17 @@ func (c *conn) handleNodeInvoke(req protocol.Request) {
 		return
 	}
 	areq := access.Request{Principal: c.principal, NodeID: n.NodeID, Command: inv.Command}
-	if isToolCall(inv.Command) {
-		if tc, ok := protocol.ParseToolCall(inv.Params); ok {
-			areq.Tool, areq.Args = tc.Name, tc.Arguments
-			call.audit.Tool = tc.Name
-		}
-	}
 	call.audit.Args = inv.Params
-	if areq.Tool != "" {
-		call.audit.Args = areq.Args
+	if toolcall.IsToolCall(inv.Command) {
+		// The shim reads the call with the same parser: the policy decides
+		// on the tool and arguments the device will get.
+		tc, err := toolcall.Parse(inv.Command, inv.Params)
+		if err != nil {
+			call.reject(protocol.InvalidRequest("invalid "+inv.Command+" params: "+err.Error()), OutcomeRejected)
+			return
+		}
+		areq.Tool, areq.Args = tc.Tool, tc.Arguments
+		call.audit.Tool, call.audit.Args = tc.Tool, tc.Arguments
 	}
 	call.span.AddInfo(telemetry.CallInfo{Node: n.NodeID, Command: inv.Command, Tool: areq.Tool})
 	dec := s.cfg.Authorizer.Authorize(call.ctx, areq)

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/access"
+	"github.com/xiaoclaw/xiaoclaw/pkg/toolcall"
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
 	"github.com/xiaoclaw/xiaoclaw/services/gateway/internal/protocol"
 	"github.com/xiaoclaw/xiaoclaw/services/gateway/internal/registry"
@@ -243,7 +244,7 @@ func (c *conn) appendNode(b []byte, n *registry.Node, open bool) []byte {
 // may not call is left out of the catalog it sees.
 func (c *conn) toolVisible(n *registry.Node, tool string) bool {
 	d := c.s.cfg.Authorizer.Authorize(c.ctx, access.Request{
-		Principal: c.principal, NodeID: n.NodeID, Command: protocol.CommandMCPToolsCall, Tool: tool,
+		Principal: c.principal, NodeID: n.NodeID, Command: toolcall.CommandCall, Tool: tool,
 	})
 	return d.Allowed
 }
@@ -257,11 +258,6 @@ func appendStrings(b []byte, ss []string) []byte {
 		b = protocol.AppendString(b, s)
 	}
 	return append(b, ']')
-}
-
-// isToolCall reports the commands whose params name an MCP tool.
-func isToolCall(command string) bool {
-	return command == protocol.CommandMCPToolsCall || command == protocol.CommandMCPToolsCallV1
 }
 
 // nodeEventPayload encodes the node.event payload operators receive.

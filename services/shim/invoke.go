@@ -11,9 +11,9 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/xiaoclaw/xiaoclaw/pkg/jsonobj"
 	"github.com/xiaoclaw/xiaoclaw/pkg/telemetry"
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
-	"github.com/xiaoclaw/xiaoclaw/services/shim/internal/jsonobj"
 	"github.com/xiaoclaw/xiaoclaw/services/shim/internal/translate"
 )
 

@@ -30,12 +30,6 @@ const (
 	EventNodeInvokeRequest = "node.invoke.request"
 )
 
-// Commands with special handling.
-const (
-	CommandMCPToolsCall   = "mcp.tools.call"
-	CommandMCPToolsCallV1 = "mcp.tools.call.v1"
-)
-
 // Operator scopes the gateway checks.
 const (
 	ScopeAdmin = "operator.admin"
@@ -140,22 +134,6 @@ func ParseNodeInvoke(raw json.RawMessage) (NodeInvoke, *Error) {
 		inv.Params = p.Params
 	}
 	return inv, nil
-}
-
-// ToolCall is the part of mcp.tools.call params the policy needs.
-type ToolCall struct {
-	Name      string          `json:"name"`
-	Arguments json.RawMessage `json:"arguments"`
-}
-
-// ParseToolCall extracts the tool name and raw arguments of an
-// mcp.tools.call; ok is false when params are not such an object.
-func ParseToolCall(params json.RawMessage) (ToolCall, bool) {
-	var tc ToolCall
-	if firstByte(params) != '{' || json.Unmarshal(params, &tc) != nil || tc.Name == "" {
-		return ToolCall{}, false
-	}
-	return tc, true
 }
 
 // NodeInvokeResultParams are node.invoke.result's params.

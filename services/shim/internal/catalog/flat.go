@@ -4,7 +4,7 @@ import (
 	"encoding/json"
 	"math"
 
-	"github.com/xiaoclaw/xiaoclaw/services/shim/internal/jsonobj"
+	"github.com/xiaoclaw/xiaoclaw/pkg/jsonobj"
 )
 
 // flatSchema is the shape of every schema XiaoZhi firmware emits: an object

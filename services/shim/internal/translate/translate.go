@@ -3,6 +3,9 @@
 // fault) back to a node.invoke payload or fault. api/mcp-mapping.md documents
 // the mapping; this package is its only implementation.
 //
+// Tool calls are read with pkg/toolcall, the parser the gateway's policy and
+// audit use, so the device gets the call the gateway allowed.
+//
 // Arguments and results stay raw JSON bytes: params are scanned once, tool
 // arguments are parsed only to validate them against the tool's inputSchema,
 // and results are copied through untouched except where OpenClaw's
@@ -15,17 +18,18 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/xiaoclaw/xiaoclaw/pkg/jsonobj"
+	"github.com/xiaoclaw/xiaoclaw/pkg/toolcall"
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
 	"github.com/xiaoclaw/xiaoclaw/services/shim/internal/catalog"
-	"github.com/xiaoclaw/xiaoclaw/services/shim/internal/jsonobj"
 )
 
 // Commands a XiaoZhi node declares.
 const (
 	CommandInitialize  = "mcp.initialize"
 	CommandToolsList   = "mcp.tools.list"
-	CommandToolsCall   = "mcp.tools.call"
-	CommandToolsCallV1 = "mcp.tools.call.v1" // OpenClaw's node-hosted MCP command
+	CommandToolsCall   = toolcall.CommandCall
+	CommandToolsCallV1 = toolcall.CommandCallV1 // OpenClaw's node-hosted MCP command
 )
 
 // Commands returns the commands of an MCP-capable XiaoZhi node, sorted.
@@ -87,10 +91,8 @@ func Prepare(command string, params json.RawMessage, t Target) (Call, *wire.Faul
 		return Call{Command: command, Method: "initialize", Request: request("initialize", p)}, nil
 	case CommandToolsList:
 		return prepareToolsList(params)
-	case CommandToolsCall:
-		return prepareToolsCall(params, t)
-	case CommandToolsCallV1:
-		return prepareToolsCallV1(params, t)
+	case CommandToolsCall, CommandToolsCallV1:
+		return prepareToolsCall(command, params, t)
 	}
 	return Call{}, invalid("command not supported by node: " + command)
 }
@@ -121,123 +123,27 @@ func prepareToolsList(params json.RawMessage) (Call, *wire.Fault) {
 	return Call{Command: CommandToolsList, Method: "tools/list", Request: request("tools/list", params)}, nil
 }
 
-func prepareToolsCall(params json.RawMessage, t Target) (Call, *wire.Fault) {
-	var nameRaw, argsRaw []byte
-	var f *wire.Fault
-	err := walkParams(params, &f, func(m jsonobj.Member) bool {
-		switch {
-		case m.Is("name"):
-			nameRaw = m.Value
-		case m.Is("arguments"):
-			argsRaw = m.Value
-		default:
-			f = unknownParam(m, CommandToolsCall)
-		}
-		return f == nil
-	})
+// prepareToolsCall reads the call with toolcall.Parse, the parser the
+// gateway decided its policy on, then checks it against the node's catalog.
+func prepareToolsCall(command string, params json.RawMessage, t Target) (Call, *wire.Fault) {
+	tc, err := toolcall.Parse(command, params)
 	if err != nil {
-		return Call{}, err
-	}
-	if nameRaw == nil {
-		return Call{}, invalid("name is required")
-	}
-	name, ok := jsonobj.String(nameRaw)
-	if !ok {
-		return Call{}, invalid("name must be a string")
-	}
-	args, f := arguments(argsRaw)
-	if f != nil {
-		return Call{}, f
-	}
-	tool, ok := t.Catalog.Tool(name)
-	if !ok {
-		return Call{}, invalid("unknown tool: " + name)
-	}
-	if err := tool.Validate(args); err != nil {
 		return Call{}, invalid(err.Error())
 	}
-	return Call{Command: CommandToolsCall, Method: "tools/call", Tool: name, Request: toolsCallRequest(nameRaw, args)}, nil
-}
-
-// prepareToolsCallV1 follows OpenClaw's node host: server and tool are
-// trimmed, non-empty strings, arguments an optional object, other keys are
-// ignored.
-func prepareToolsCallV1(params json.RawMessage, t Target) (Call, *wire.Fault) {
-	if len(params) == 0 {
-		return Call{}, invalid("params required")
+	if command == CommandToolsCallV1 && tc.Server != ServerName && (t.Board == "" || tc.Server != t.Board) {
+		return Call{}, &wire.Fault{Code: FaultMCPServerUnavailable, Message: `MCP server "` + tc.Server + `" is unavailable`}
 	}
-	var serverRaw, toolRaw, argsRaw []byte
-	if jsonobj.Walk(params, func(m jsonobj.Member) bool {
-		switch {
-		case m.Is("server"):
-			serverRaw = m.Value
-		case m.Is("tool"):
-			toolRaw = m.Value
-		case m.Is("arguments"):
-			argsRaw = m.Value
-		}
-		return true
-	}) != nil {
-		return Call{}, invalid("params are not valid JSON")
+	tool, ok := t.Catalog.Tool(tc.Tool)
+	switch {
+	case !ok && command == CommandToolsCallV1:
+		return Call{}, &wire.Fault{Code: FaultMCPToolUnavailable, Message: `MCP tool "` + tc.Tool + `" is unavailable on server "` + tc.Server + `"`}
+	case !ok:
+		return Call{}, invalid("unknown tool: " + tc.Tool)
 	}
-	server, _ := jsonobj.String(serverRaw)
-	tool, _ := jsonobj.String(toolRaw)
-	server, tool = strings.TrimSpace(server), strings.TrimSpace(tool)
-	if server == "" || tool == "" {
-		return Call{}, invalid("server and tool required")
-	}
-	args, f := arguments(argsRaw)
-	if f != nil {
-		return Call{}, f
-	}
-	if server != ServerName && (t.Board == "" || server != t.Board) {
-		return Call{}, &wire.Fault{Code: FaultMCPServerUnavailable, Message: `MCP server "` + server + `" is unavailable`}
-	}
-	tl, ok := t.Catalog.Tool(tool)
-	if !ok {
-		return Call{}, &wire.Fault{Code: FaultMCPToolUnavailable, Message: `MCP tool "` + tool + `" is unavailable on server "` + server + `"`}
-	}
-	if err := tl.Validate(args); err != nil {
+	if err := tool.Validate(tc.Arguments); err != nil {
 		return Call{}, invalid(err.Error())
 	}
-	name := toolRaw
-	if string(toolRaw[1:len(toolRaw)-1]) != tool { // trimmed or unescaped: quote it afresh
-		name, _ = json.Marshal(tool)
-	}
-	return Call{Command: CommandToolsCallV1, Method: "tools/call", Tool: tool, Request: toolsCallRequest(name, args)}, nil
-}
-
-// arguments returns the tool arguments (absent or null means {}); they must
-// be a JSON object without repeated keys, since the device and the validator
-// could otherwise read different values for one argument.
-func arguments(raw []byte) (json.RawMessage, *wire.Fault) {
-	if raw == nil || jsonobj.IsNull(raw) {
-		return json.RawMessage("{}"), nil
-	}
-	if !jsonobj.IsObject(raw) {
-		return nil, invalid("arguments must be a JSON object")
-	}
-	var seen [16][]byte
-	keys := seen[:0]
-	var dup string
-	_ = jsonobj.Walk(raw, func(m jsonobj.Member) bool {
-		if m.Escaped {
-			k := []byte(m.Name())
-			m.Key = k
-		}
-		for _, k := range keys {
-			if bytes.Equal(k, m.Key) {
-				dup = string(m.Key)
-				return false
-			}
-		}
-		keys = append(keys, m.Key)
-		return true
-	})
-	if dup != "" {
-		return nil, invalid(`argument "` + dup + `" appears more than once`)
-	}
-	return raw, nil
+	return Call{Command: command, Method: "tools/call", Tool: tc.Tool, Request: toolsCallRequest(tc.Tool, tc.Arguments)}, nil
 }
 
 func request(method string, params []byte) []byte {
@@ -249,11 +155,14 @@ func request(method string, params []byte) []byte {
 	return append(b, '}')
 }
 
-func toolsCallRequest(name, args []byte) []byte {
+// toolsCallRequest encodes the tools/call request; the tool name is
+// written afresh from the parsed string, so the device reads exactly the
+// name the policy was asked about.
+func toolsCallRequest(name string, args []byte) []byte {
 	const head = `{"jsonrpc":"2.0","method":"tools/call","params":{"name":`
-	b := make([]byte, 0, len(head)+len(name)+len(`,"arguments":}}`)+len(args))
+	b := make([]byte, 0, len(head)+len(name)+2+len(`,"arguments":}}`)+len(args))
 	b = append(b, head...)
-	b = append(b, name...)
+	b = appendJSONString(b, name)
 	b = append(b, `,"arguments":`...)
 	b = append(b, args...)
 	return append(b, "}}"...)
@@ -380,4 +289,16 @@ func hubFault(code string, data []byte) *wire.Fault {
 		f.Message = "devicehub reported " + f.Code
 	}
 	return &f
+}
+
+// appendJSONString appends s as a JSON string; tool names are plain ASCII
+// and take the short way.
+func appendJSONString(b []byte, s string) []byte {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c == '"' || c == '\\' || c >= 0x7f {
+			q, _ := json.Marshal(s) // a string always encodes
+			return append(b, q...)
+		}
+	}
+	return append(append(append(b, '"'), s...), '"')
 }

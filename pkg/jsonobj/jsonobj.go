@@ -1,13 +1,14 @@
 // Package jsonobj walks the members of a JSON object without decoding it:
-// keys and values come back as sub-slices of the input, so the shim can pick
-// a few fields out of a message and pass the rest on as raw bytes without an
-// allocation.
+// keys and values come back as sub-slices of the input, so the shim and the
+// tool-call parser (pkg/toolcall) can pick a few fields out of a message and
+// pass the rest on as raw bytes without an allocation.
 //
 // The input is checked with json.Valid first; the walk itself only has to
 // find boundaries in text already known to be well-formed.
 package jsonobj
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 )
@@ -164,4 +165,98 @@ func String(v []byte) (string, bool) {
 		return "", false
 	}
 	return s, true
+}
+
+// RepeatedKey returns the first key that appears twice in one object
+// anywhere in the JSON value v (objects nested in objects and in arrays
+// included), as the dotted path of keys leading to it ("speaker.muted";
+// array elements add no step). Keys are compared as decoders see them,
+// escapes resolved, so "a" and "\u0061" are the same key. Decoders
+// disagree on which of two equal keys counts (encoding/json and
+// JavaScript take the last, cJSON the first), so a message with one
+// means different things to different readers. v must be valid JSON, such
+// as a Member.Value of a walked object.
+func RepeatedKey(v []byte) (path string, found bool) {
+	_, path, found = repeatedKey(v, skipSpace(v, 0))
+	return path, found
+}
+
+// repeatedKey scans the value at b[i] and returns the index after it.
+func repeatedKey(b []byte, i int) (end int, path string, found bool) {
+	switch b[i] {
+	case '{':
+		var keys keySet
+		i++
+		for {
+			i = skipSpace(b, i)
+			if b[i] == '}' {
+				return i + 1, "", false
+			}
+			if b[i] == ',' {
+				i = skipSpace(b, i+1)
+			}
+			kend, escaped := stringEnd(b, i)
+			m := Member{Key: b[i+1 : kend-1], Escaped: escaped}
+			if escaped {
+				m.Key = []byte(m.Name())
+			}
+			if keys.repeated(m.Key) {
+				return 0, string(m.Key), true
+			}
+			i = skipSpace(b, skipSpace(b, kend)+1) // past the ':'
+			var sub string
+			if i, sub, found = repeatedKey(b, i); found {
+				return 0, string(m.Key) + "." + sub, true
+			}
+		}
+	case '[':
+		i++
+		for {
+			i = skipSpace(b, i)
+			if b[i] == ']' {
+				return i + 1, "", false
+			}
+			if b[i] == ',' {
+				i = skipSpace(b, i+1)
+			}
+			if i, path, found = repeatedKey(b, i); found {
+				return 0, path, true
+			}
+		}
+	}
+	return valueEnd(b, i), "", false
+}
+
+// keySet holds the keys of one object: a few in place, more in a map.
+type keySet struct {
+	small [8][]byte
+	n     int
+	big   map[string]struct{}
+}
+
+// repeated adds k and reports whether it was there already.
+func (s *keySet) repeated(k []byte) bool {
+	if s.big != nil {
+		if _, ok := s.big[string(k)]; ok {
+			return true
+		}
+		s.big[string(k)] = struct{}{}
+		return false
+	}
+	for _, x := range s.small[:s.n] {
+		if bytes.Equal(x, k) {
+			return true
+		}
+	}
+	if s.n < len(s.small) {
+		s.small[s.n] = k
+		s.n++
+		return false
+	}
+	s.big = make(map[string]struct{}, 4*len(s.small))
+	for _, x := range s.small {
+		s.big[string(x)] = struct{}{}
+	}
+	s.big[string(k)] = struct{}{}
+	return false
 }
