@@ -55,7 +55,11 @@ func (c *conn) handleNodeInvoke(req protocol.Request) {
 		return
 	}
 	n := s.reg.Get(c.principal.Tenant, inv.NodeID)
-	if n == nil || !n.Connected {
+	if n == nil { // also another tenant's node: it must look the same
+		call.reject(protocol.UnknownNodeID(), OutcomeRejected)
+		return
+	}
+	if !n.Connected {
 		call.reject(protocol.NodeNotConnected(), OutcomeRejected)
 		return
 	}

@@ -297,14 +297,35 @@ func TestInvokeOutcomes(t *testing.T) {
 		}
 	})
 	notConnected := `{"code":"NOT_CONNECTED","nodeError":{"code":"NOT_CONNECTED","message":"node not connected"},"nodeCommandDispatched":false}`
-	for name, id := range map[string]string{"offline node": "xz-0000000000aa", "unknown node": "xz-ffffffffffff", "other tenant's node": "xz-0000000000bb"} {
+	sub("offline node", func(t *testing.T) {
+		fe := failure(t, inv("xz-0000000000aa", "mcp.tools.list", nil))
+		if fe.Code != "UNAVAILABLE" || fe.Message != "node not connected" || string(fe.Details) != notConnected {
+			t.Fatalf("got %s %q %s", fe.Code, fe.Message, fe.Details)
+		}
+	})
+	// Another tenant's node is answered exactly as a node that does not
+	// exist, with node.describe's answer.
+	for name, id := range map[string]string{"unknown node": "xz-ffffffffffff", "other tenant's node": "xz-0000000000bb"} {
 		sub(name, func(t *testing.T) {
 			fe := failure(t, inv(id, "mcp.tools.list", nil))
-			if fe.Code != "UNAVAILABLE" || fe.Message != "node not connected" || string(fe.Details) != notConnected {
+			if fe.Code != "INVALID_REQUEST" || fe.Message != "unknown nodeId" || fe.Details != nil {
 				t.Fatalf("got %s %q %s", fe.Code, fe.Message, fe.Details)
+			}
+			if a := audit.last(); a.Outcome != gateway.OutcomeRejected || a.ErrorCode != "INVALID_REQUEST" || a.NodeID != id {
+				t.Fatalf("audit %+v", a)
 			}
 		})
 	}
+	sub("timeoutMs 0", func(t *testing.T) {
+		n := sh.count()
+		fe := failure(t, inv(node, "mcp.tools.call", map[string]any{"name": "self.audio_speaker.set_volume", "arguments": map[string]any{"volume": 9}}, "timeoutMs", 0))
+		if fe.Code != "INVALID_REQUEST" || !strings.HasPrefix(fe.Message, "invalid node.invoke params: at /timeoutMs: must be >= 1") {
+			t.Fatalf("got %s %q", fe.Code, fe.Message)
+		}
+		if sh.count() != n {
+			t.Fatal("a call with timeoutMs 0 reached the shim")
+		}
+	})
 	sub("no responder", func(t *testing.T) {
 		_ = sh.sub.Unsubscribe()
 		if err := e.nc.Flush(); err != nil { // the server has dropped the interest

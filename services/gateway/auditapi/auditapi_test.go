@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -178,6 +179,55 @@ func TestEventsAPI(t *testing.T) {
 		if code != c.code || e.Error.Code != c.err {
 			t.Errorf("%q %v: %d %s, want %d %s", c.token, c.q, code, body, c.code, c.err)
 		}
+	}
+}
+
+// TestEventsAPIRefusesUnparseableFilters: a filter the API cannot read is
+// a 400 naming the problem, never dropped (which would widen the answer
+// to every event of the tenant).
+func TestEventsAPIRefusesUnparseableFilters(t *testing.T) {
+	s := store(t)
+	if _, err := s.Write(context.Background(), []audit.Event{
+		{ID: "a1", Time: time.Now(), Kind: audit.KindInvoke, Tenant: "acme", Tool: "t;x", Outcome: "ok"},
+		{ID: "a2", Time: time.Now(), Kind: audit.KindInvoke, Tenant: "acme", Tool: "other", Outcome: "ok"},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	h, err := auditapi.New(auditapi.Config{Store: s, Log: log(), Operators: access.StaticTokens{
+		"viewer-acme": {Tenant: "acme", ID: "tok_v", Role: access.RoleViewer}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	get := func(rawQuery string) (int, string) {
+		req, _ := http.NewRequest("GET", srv.URL+"/api/audit/events?"+rawQuery, nil)
+		req.Header.Set("Authorization", "Bearer viewer-acme")
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		b, _ := io.ReadAll(res.Body)
+		return res.StatusCode, string(b)
+	}
+	for q, want := range map[string]string{
+		"tool=t;x":              `holds ';'`,
+		"outcome=ok;tool=t":     `holds ';'`,
+		"tool=%zz":              "cannot be parsed",
+		"tol=other":             `unknown parameter \"tol\"`,
+		"tool=other&tool=t%3Bx": `parameter \"tool\" appears more than once`,
+	} {
+		code, body := get(q)
+		if code != 400 || !strings.Contains(body, `"invalid_argument"`) || !strings.Contains(body, want) {
+			t.Errorf("?%s: %d %s, want 400 invalid_argument with %s", q, code, body, want)
+		}
+	}
+	// The ';' percent-encoded is a value like any other.
+	code, body := get("tool=t%3Bx")
+	var p audit.Page
+	if code != 200 || json.Unmarshal([]byte(body), &p) != nil || len(p.Events) != 1 || p.Events[0].ID != "a1" {
+		t.Fatalf("?tool=t%%3Bx: %d %s", code, body)
 	}
 }
 

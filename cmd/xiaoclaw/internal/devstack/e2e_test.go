@@ -207,11 +207,12 @@ func TestInvokeEndToEnd(t *testing.T) {
 	})
 
 	t.Run("unknown node", func(t *testing.T) {
-		// As on the real OpenClaw gateway: a node that is not connected here,
-		// whether it never existed or belongs to another tenant.
+		// node.describe's answer, whether the node never existed or belongs
+		// to another tenant.
 		_, err := callTool(ctx, op, "xz-ffffffffffff", "self.get_device_status", map[string]any{}, time.Second)
-		if err == nil || nodeErrorCode(t, err) != wire.FaultNotConnected {
-			t.Fatalf("want NOT_CONNECTED, got %v", err)
+		var ge *occlient.Error
+		if !errors.As(err, &ge) || ge.Code != "INVALID_REQUEST" || ge.Message != "unknown nodeId" {
+			t.Fatalf("want INVALID_REQUEST unknown nodeId, got %v", err)
 		}
 	})
 

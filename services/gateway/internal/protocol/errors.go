@@ -194,14 +194,16 @@ func DeviceIdentityRequired() *Error {
 	}{"DEVICE_IDENTITY_REQUIRED"})
 }
 
-// UnknownNodeID answers node.describe for a node the caller cannot see.
+// UnknownNodeID answers node.describe and node.invoke for a node the
+// caller cannot see: unknown, or of another tenant (the two are
+// indistinguishable on purpose).
 func UnknownNodeID() *Error { return InvalidRequest("unknown nodeId") }
 
 // NodeIDMismatch answers a node that reports for another node id.
 func NodeIDMismatch() *Error { return InvalidRequest("nodeId mismatch") }
 
-// NodeNotConnected answers node.invoke for a node that is unknown, of
-// another tenant, or offline: the three are indistinguishable on purpose.
+// NodeNotConnected answers node.invoke for a node of the caller's tenant
+// that is offline, as OpenClaw does for a node without a live session.
 func NodeNotConnected() *Error {
 	return errorWith(CodeUnavailable, "node not connected", struct {
 		Code                  string    `json:"code"`

@@ -86,7 +86,7 @@ type NodeInvoke struct {
 	NodeID         string
 	Command        string
 	Params         json.RawMessage // nil when absent or null
-	TimeoutMs      int64           // 0 when absent: the gateway's default applies
+	TimeoutMs      int64           // 0 when absent: the gateway's default applies (an explicit 0 is refused)
 	IdempotencyKey string
 }
 
@@ -116,8 +116,14 @@ func ParseNodeInvoke(raw json.RawMessage) (NodeInvoke, *Error) {
 	if len(*p.IdempotencyKey) > MaxIdempotencyKeyLength {
 		return fail("at /idempotencyKey: must NOT have more than 256 characters")
 	}
-	if p.TimeoutMs != nil && *p.TimeoutMs < 0 {
+	switch {
+	case p.TimeoutMs == nil:
+	case *p.TimeoutMs < 0:
 		return fail("at /timeoutMs: must be >= 0")
+	case *p.TimeoutMs == 0:
+		// OpenClaw sends the request and lets the 0 ms timer fire first: the
+		// node may act while the caller is told TIMEOUT. Refuse instead.
+		return fail("at /timeoutMs: must be >= 1 (0 would expire before the node could answer; omit timeoutMs for the gateway's default)")
 	}
 	inv := NodeInvoke{
 		NodeID:         strings.TrimFunc(*p.NodeID, isJSSpace),

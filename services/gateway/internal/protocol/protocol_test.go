@@ -214,6 +214,8 @@ func TestParseNodeInvoke(t *testing.T) {
 		`{"nodeId":"n","command":"c"}`:                                      "invalid node.invoke params: must have required property 'idempotencyKey'",
 		`{"nodeId":"n","command":"c","idempotencyKey":""}`:                  "invalid node.invoke params: at /idempotencyKey: must NOT have fewer than 1 characters",
 		`{"nodeId":"n","command":"c","idempotencyKey":"k","timeoutMs":-1}`:  "invalid node.invoke params: at /timeoutMs: must be >= 0",
+		`{"nodeId":"n","command":"c","idempotencyKey":"k","timeoutMs":0}`: "invalid node.invoke params: at /timeoutMs: must be >= 1 " +
+			"(0 would expire before the node could answer; omit timeoutMs for the gateway's default)",
 		`{"nodeId":"n","command":"c","idempotencyKey":"k","timeoutMs":"1"}`: "invalid node.invoke params: at /timeoutMs: must be integer",
 		`{"nodeId":" ","command":"c","idempotencyKey":"k"}`:                 "nodeId and command required",
 		`[1]`: "invalid node.invoke params: must be object",
