@@ -211,9 +211,9 @@ func TestParseNodeInvoke(t *testing.T) {
 		t.Fatalf("captured node.invoke parsed as %+v", inv)
 	}
 	for in, want := range map[string]string{
-		`{"nodeId":"n","command":"c"}`:                                      "invalid node.invoke params: must have required property 'idempotencyKey'",
-		`{"nodeId":"n","command":"c","idempotencyKey":""}`:                  "invalid node.invoke params: at /idempotencyKey: must NOT have fewer than 1 characters",
-		`{"nodeId":"n","command":"c","idempotencyKey":"k","timeoutMs":-1}`:  "invalid node.invoke params: at /timeoutMs: must be >= 0",
+		`{"nodeId":"n","command":"c"}`:                                     "invalid node.invoke params: must have required property 'idempotencyKey'",
+		`{"nodeId":"n","command":"c","idempotencyKey":""}`:                 "invalid node.invoke params: at /idempotencyKey: must NOT have fewer than 1 characters",
+		`{"nodeId":"n","command":"c","idempotencyKey":"k","timeoutMs":-1}`: "invalid node.invoke params: at /timeoutMs: must be >= 0",
 		`{"nodeId":"n","command":"c","idempotencyKey":"k","timeoutMs":0}`: "invalid node.invoke params: at /timeoutMs: must be >= 1 " +
 			"(0 would expire before the node could answer; omit timeoutMs for the gateway's default)",
 		`{"nodeId":"n","command":"c","idempotencyKey":"k","timeoutMs":"1"}`: "invalid node.invoke params: at /timeoutMs: must be integer",
