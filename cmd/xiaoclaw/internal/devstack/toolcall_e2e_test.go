@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -35,8 +34,6 @@ type toolCallCase struct {
 	tool string
 	args string
 }
-
-var idemSeq atomic.Int64
 
 // TestToolPolicyEverySpelling: every command that calls a tool is decided
 // on the tool it calls, however the call is spelled: one deny rule stops
@@ -145,8 +142,8 @@ func TestToolPolicyEverySpelling(t *testing.T) {
 	ops := map[*xzsim.Device]*occlient.Client{denied: opA, capped: opA, allowed: opB}
 	tenants := map[*xzsim.Device]string{denied: acme.id, capped: acme.id, allowed: bravo.id}
 	// The cases run in order: each one's volume follows from the ones before.
-	for _, tc := range cases {
-		key := fmt.Sprintf("toolcall-%d", idemSeq.Add(1))
+	for i, tc := range cases {
+		key := fmt.Sprintf("toolcall-%d", i)
 		_, err := ops[tc.dev].Invoke(ctx, occlient.InvokeParams{NodeID: nodeID(tc.dev), Command: tc.command,
 			Params: json.RawMessage(tc.params), TimeoutMs: 5000, IdempotencyKey: key})
 		var ge *occlient.Error
