@@ -25,6 +25,7 @@ const T = 20000; // how long any awaited condition may take
 const children = [];
 const temp = [];
 let failures = 0;
+let current = null; // the page, for a screenshot on failure
 
 function log(...a) { console.log('[ui-test]', ...a); }
 
@@ -82,6 +83,7 @@ async function main() {
     viewport: { width: 1280, height: 860 },
   });
   const page = context.pages()[0] || await context.newPage();
+  current = page;
   const problems = [];
   page.on('console', m => { if (m.type() === 'error') problems.push('console error: ' + m.text()); });
   page.on('pageerror', e => problems.push('page error: ' + e.message));
@@ -289,6 +291,12 @@ try {
 } catch (e) {
   failures++;
   console.error('[ui-test] FAIL:', e.message);
+  if (current) {
+    try {
+      await current.screenshot({ path: join(shots, 'failure.png'), fullPage: true });
+      console.error('[ui-test] page at failure (failure.png):\n' + (await current.locator('main').innerText()).slice(0, 2000));
+    } catch { /* the browser is gone */ }
+  }
 } finally {
   for (const p of children.reverse()) stop(p);
   await new Promise(r => setTimeout(r, 300));
