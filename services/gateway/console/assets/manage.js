@@ -30,7 +30,7 @@ const localInput = d => {
   return d.getFullYear() + '-' + p(d.getMonth() + 1) + '-' + p(d.getDate()) + 'T' + p(d.getHours()) + ':' + p(d.getMinutes());
 };
 
-export function auditPage({ main, state, query }) {
+export function auditPage({ main, state, query: params }) {
   const results = h('div');
   const more = h('div');
   const sel = (name, opts) => h('select', { name }, opts.map(([v, t]) => h('option', { value: v, text: t })));
@@ -38,7 +38,7 @@ export function auditPage({ main, state, query }) {
     field('Since', h('input', { type: 'datetime-local', name: 'since', value: localInput(new Date(Date.now() - 24 * 3600e3)) })),
     field('Until', h('input', { type: 'datetime-local', name: 'until' })),
     field('Principal', h('input', { name: 'principal', placeholder: 'token id, e.g. tok_…', autocomplete: 'off' })),
-    field('Node', h('input', { name: 'node', placeholder: 'node id', autocomplete: 'off', value: query.get('node') || '' })),
+    field('Node', h('input', { name: 'node', placeholder: 'node id', autocomplete: 'off', value: params.get('node') || '' })),
     field('Tool', h('input', { name: 'tool', placeholder: 'tool name', autocomplete: 'off' })),
     field('Kind', sel('kind', [['', 'any'], ['node.invoke', 'node.invoke'], ['operator.connect', 'operator.connect'], ['operator.auth_fail', 'operator.auth_fail'],
       ['device.connect', 'device.connect'], ['device.disconnect', 'device.disconnect'], ['tenancy.change', 'tenancy.change']])),
@@ -50,10 +50,12 @@ export function auditPage({ main, state, query }) {
   clear(main, h('div', { class: 'pagehead' }, h('h1', { text: 'Audit trail' })),
     h('p', { class: 'muted', text: 'Every call, connection and change of your tenant, newest first. Open a row for its details.' }),
     picker, form, results, more);
-  const highlight = query.get('trace') || '';
+  const highlight = params.get('trace') || '';
   let rows = [];
 
-  async function fetchPage(cursor) {
+  // query reads the filters; call it before busy() disables the fields,
+  // as FormData skips disabled fields.
+  function query(cursor) {
     const v = formValues(form);
     const p = new URLSearchParams();
     if (state.who.global) p.set('tenant', state.tenant);
@@ -65,14 +67,16 @@ export function auditPage({ main, state, query }) {
       p.set(k, d.toISOString());
     }
     if (cursor) p.set('cursor', cursor);
-    return api('GET', '/api/audit/events?' + p.toString());
+    return '/api/audit/events?' + p.toString();
   }
 
   async function search(cursor) {
     if (state.who.global && needTenant(state, results)) return;
+    let path;
+    try { path = query(cursor); } catch (e) { clear(results, errorBox(e)); return; }
     await busy(form, async () => {
       try {
-        const page = await fetchPage(cursor);
+        const page = await api('GET', path);
         rows = cursor ? rows.concat(page.events || []) : (page.events || []);
         render(page.nextCursor);
       } catch (e) {
@@ -261,7 +265,7 @@ export function adminPage({ main, state }) {
             } catch (e) { clear(res, errorBox(e)); }
           });
         } },
-        field('New tenant id', h('input', { name: 'id', required: true, pattern: '[a-z0-9][a-z0-9-]*', placeholder: 'acme', autocomplete: 'off' }), 'lower-case letters, digits and dashes'),
+        field('New tenant id', h('input', { name: 'id', required: true, pattern: '[a-z0-9][a-z0-9\\-]{0,62}', maxlength: 63, placeholder: 'acme', autocomplete: 'off' }), 'lower-case letters, digits and dashes'),
         field('Display name', h('input', { name: 'displayName' })),
         field('Default effect', h('select', { name: 'defaultEffect' }, h('option', { value: 'allow', text: 'allow' }), h('option', { value: 'deny', text: 'deny' }))),
         h('div', { class: 'actions' }, h('button', { type: 'submit', class: 'primary', text: 'Create tenant' })), res);

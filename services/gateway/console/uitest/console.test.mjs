@@ -26,6 +26,7 @@ const children = [];
 const temp = [];
 let failures = 0;
 let current = null; // the page, for a screenshot on failure
+let browser = null; // the browser context, closed at the end
 
 function log(...a) { console.log('[ui-test]', ...a); }
 
@@ -82,10 +83,18 @@ async function main() {
       '--disable-sync', '--no-first-run'],
     viewport: { width: 1280, height: 860 },
   });
+  browser = context;
   const page = context.pages()[0] || await context.newPage();
   current = page;
   const problems = [];
-  page.on('console', m => { if (m.type() === 'error') problems.push('console error: ' + m.text()); });
+  // The browser logs each non-2xx answer; the test provokes exactly two
+  // (a bad token, a bad rule), which the page shows in words.
+  const expected = [/status of 401/, /status of 400/];
+  page.on('console', m => {
+    if (m.type() !== 'error') return;
+    const i = expected.findIndex(re => re.test(m.text()));
+    if (i >= 0) expected.splice(i, 1); else problems.push('console error: ' + m.text());
+  });
   page.on('pageerror', e => problems.push('page error: ' + e.message));
   // Every byte the page receives, to check another tenant's data never arrives.
   let received = [];
@@ -183,7 +192,7 @@ async function main() {
   await row.waitFor({ timeout: T });
   if (!/self\.audio_speaker\.set_volume/.test(await row.innerText()) || !/allow/.test(await row.innerText())) fail('audit row: ' + await row.innerText());
   await row.click();
-  const jaeger = await page.locator(`tr.detail a.jaeger`).first().getAttribute('href');
+  const jaeger = await page.locator(`tr[data-trace="${traceId}"] + tr.detail a.jaeger`).getAttribute("href", { timeout: T });
   if (jaeger !== 'http://127.0.0.1:16686/trace/' + traceId) fail('jaeger link: ' + jaeger);
   await shot('05-audit');
 
@@ -298,8 +307,11 @@ try {
     } catch { /* the browser is gone */ }
   }
 } finally {
+  if (browser) await browser.close().catch(() => {});
   for (const p of children.reverse()) stop(p);
   await new Promise(r => setTimeout(r, 300));
-  for (const d of temp) rmSync(d, { recursive: true, force: true });
+  for (const d of temp) {
+    try { rmSync(d, { recursive: true, force: true }); } catch (e) { console.error('[ui-test] cannot remove', d, e.message); }
+  }
 }
 process.exit(failures ? 1 : 0);
