@@ -96,7 +96,7 @@ func New(cfg Config) (http.Handler, error) {
 	if _, ok := h.files["index.html"]; !ok {
 		return nil, errors.New("console: index.html is not embedded")
 	}
-	if h.config, err = json.Marshal(ClientConfig{JaegerURL: cfg.JaegerURL, Version: cfg.Version}); err != nil {
+	if h.config, err = json.Marshal(ClientConfig(cfg)); err != nil {
 		return nil, err
 	}
 	return h, nil

@@ -255,6 +255,14 @@ async function main() {
     return rows.length > 0 && rows.every(r => r.innerText.includes('deny'));
   }, null, { timeout: T });
 
+  // --- A viewer token of dev, made on the credentials page. ---
+  await page.click('nav a[href="#/admin"]');
+  const viewerForm = page.locator('form', { has: page.locator('button:text("Create token")') });
+  await viewerForm.locator('input[name=name]').fill('wall screen');
+  await viewerForm.locator('select[name=role]').selectOption('viewer');
+  await viewerForm.locator('button[type=submit]').click();
+  const viewerToken = (await page.locator('.secretbox code.secret').innerText({ timeout: T })).trim();
+
   // --- The global admin: a new tenant and its admin token, shown once. ---
   await signOut();
   await signIn(adminToken);
@@ -288,6 +296,17 @@ async function main() {
   if (leaked.length) fail('another tenant received dev data: ' + leaked[0].slice(0, 300));
   const body = await page.locator('body').innerText();
   if (body.includes(nodeId)) fail('another tenant sees a dev node');
+
+  // --- The role decides what the page offers: a viewer reads only. ---
+  await signOut();
+  await signIn(viewerToken);
+  await page.waitForSelector('table.nodes tbody tr', { timeout: T });
+  if (await page.locator('nav a[href="#/policy"], nav a[href="#/admin"]').count() !== 0) fail('a viewer is offered policy or credentials');
+  await page.goto(consoleURL + '#/nodes/' + nodeId);
+  const viewerCall = page.locator('details[data-tool="self.audio_speaker.set_volume"] button[type=submit]');
+  await viewerCall.waitFor({ state: 'attached', timeout: T });
+  if (!(await viewerCall.isDisabled())) fail('a viewer may call a tool');
+  await shot('13-viewer');
 
   if (problems.length) fail('the page logged errors:\n' + problems.join('\n'));
   writeFileSync(join(shots, 'metrics.json'), JSON.stringify(perf, null, 2) + '\n');
