@@ -70,7 +70,7 @@ export async function api(method, path, body) {
   }
   if (!res.ok) {
     if (data && data.error && data.error.message) throw new ApiError(res.status, data.error.code || '', data.error.message);
-    if (res.status === 404) throw new ApiError(404, 'not_found', 'this gateway does not serve ' + path + ' (is its admin API configured?)');
+    if (res.status === 404 || res.status === 426) throw new ApiError(res.status, 'not_found', 'this gateway does not serve ' + path.split('?')[0] + ' (it runs without a database, so without the admin and audit APIs)');
     throw new ApiError(res.status, 'http_' + res.status, (text || res.statusText || 'request failed').trim().slice(0, 300));
   }
   return data;
