@@ -1,7 +1,7 @@
 // Nodes (live list and search), one node (its fields, tools with generated
 // forms, other commands) and the live event stream.
 
-import { h, clear, errorBox, errorText, ago, fmtTime, json, uuid, busy, field, jaegerLink } from './lib.js';
+import { h, clear, errorBox, ago, fmtTime, json, uuid, busy, field, jaegerLink } from './lib.js';
 import { buildForm } from './schemaform.js';
 import { newTraceparent } from './gateway.js';
 import { canInvoke, refreshNodes } from './app.js';
@@ -252,5 +252,3 @@ function summaryJSON(v) {
   const s = JSON.stringify(v);
   return s && s.length > 400 ? s.slice(0, 397) + '…' : s;
 }
-
-export { errorText };
