@@ -61,6 +61,9 @@ type Config struct {
 	ConnectAuditor ConnectAuditor
 	// AdminAPI, when set, is served under /api/ on Addr.
 	AdminAPI http.Handler
+	// Console, when set, is served under /ui/ on Addr (the operator
+	// console, package console).
+	Console http.Handler
 	// Ops, when set, serves /healthz, /readyz, /metrics and /debug/loglevel
 	// on Addr in place of the gateway's own /healthz and /readyz
 	// (telemetry.OpsServer.Handler; `xiaoclaw dev` mounts the ops endpoints
@@ -405,6 +408,9 @@ func (s *Service) Handler() http.Handler {
 	}
 	if s.cfg.AdminAPI != nil {
 		mux.Handle("/api/", s.cfg.AdminAPI)
+	}
+	if s.cfg.Console != nil {
+		mux.Handle("/ui/", s.cfg.Console)
 	}
 	mux.HandleFunc("/", s.serveWebSocket)
 	return mux

@@ -77,6 +77,9 @@ type Config struct {
 	// Ops, when set, is mounted by every gateway on its HTTP port for
 	// /healthz, /readyz, /metrics and /debug/loglevel.
 	Ops http.Handler
+	// Console, when set, is served by every gateway under /ui/
+	// (services/gateway/console).
+	Console http.Handler
 
 	// Tune lets tests and benchmarks adjust each service's config.
 	TuneHub     func(*devicehub.Config)
@@ -369,6 +372,7 @@ func (s *Stack) AddGateway(name, addr string) (*Component, error) {
 		ConnectAuditor: s.Audit.ConnectAuditor(s.cfg.Log),
 
 		Ops:            s.cfg.Ops,
+		Console:        s.cfg.Console,
 		TracerProvider: s.cfg.GatewayTracerProvider,
 		Registerer:     s.cfg.Registerer,
 	}

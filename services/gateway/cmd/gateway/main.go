@@ -21,6 +21,7 @@ import (
 	"github.com/xiaoclaw/xiaoclaw/pkg/telemetry"
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
 	"github.com/xiaoclaw/xiaoclaw/services/gateway"
+	"github.com/xiaoclaw/xiaoclaw/services/gateway/console"
 )
 
 // version is set at build time (-ldflags "-X main.version=...").
@@ -62,6 +63,8 @@ func run(args []string) error {
 	maxInvoke := fs.Duration("max-invoke-timeout", 300*time.Second, "cap of any node.invoke timeoutMs")
 	databaseURL := fs.String("database-url", env("DATABASE_URL", ""), "Postgres URL: tenants, operator tokens, policies, audit trail, admin API (env XIAOCLAW_DATABASE_URL)")
 	adminToken := fs.String("admin-token", env("ADMIN_TOKEN", ""), "global admin token of the admin API, at least 16 characters (env XIAOCLAW_ADMIN_TOKEN)")
+	jaegerURL := fs.String("jaeger-url", env("JAEGER_URL", ""), "Jaeger UI base URL the console at /ui/ links traces to (env XIAOCLAW_JAEGER_URL)")
+	noConsole := fs.Bool("no-console", env("NO_CONSOLE", "") == "true", "do not serve the operator console at /ui/ (env XIAOCLAW_NO_CONSOLE)")
 	auditWriter := fs.Bool("audit-writer", env("AUDIT_WRITER", "true") == "true", "also run the audit writer (stream → Postgres) in this process (env XIAOCLAW_AUDIT_WRITER)")
 	var tokens tokenList
 	fs.Var(&tokens, "operator-token", "static operator token TENANT=TOKEN or TENANT:ROLE=TOKEN (role admin, operator or viewer; default admin); repeatable (env XIAOCLAW_OPERATOR_TOKEN, comma-separated)")
@@ -109,6 +112,11 @@ func run(args []string) error {
 		MaxInvokeTimeout: *maxInvoke,
 		TracerProvider:   tp,
 		Registerer:       reg,
+	}
+	if !*noConsole {
+		if cfg.Console, err = console.New(console.Config{JaegerURL: *jaegerURL, Version: version}); err != nil {
+			return fmt.Errorf("--jaeger-url: %w", err)
+		}
 	}
 	var be *backend
 	if *databaseURL != "" {
