@@ -124,7 +124,11 @@ func (e *env) publishEvent(t testing.TB, ev wire.DeviceEvent) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := e.nc.Publish(wire.DeviceState(ev.Tenant, ev.Device), data); err != nil {
+	subject := wire.DeviceState(ev.Tenant, ev.Device)
+	if ev.Kind == wire.DeviceNotification {
+		subject = wire.DeviceNotify(ev.Tenant, ev.Device)
+	}
+	if err := e.nc.Publish(subject, data); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -212,9 +212,17 @@ func (s *Service) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("shim: subscribe %s: %w", wire.SubjectDeviceStateAll, err)
 	}
+	_ = stateSub.SetPendingLimits(statePendingMsgs, statePendingBytes)
+	notifySub, err := s.nc.QueueSubscribe(wire.SubjectDeviceNotifyAll, wire.QueueShim, s.onNotify)
+	if err != nil {
+		_ = stateSub.Unsubscribe()
+		return fmt.Errorf("shim: subscribe %s: %w", wire.SubjectDeviceNotifyAll, err)
+	}
+	_ = notifySub.SetPendingLimits(notifyPendingMsgs, notifyPendingBytes)
 	invokeSub, err := s.nc.QueueSubscribe(wire.SubjectNodeInvokeAll, wire.QueueShim, s.onInvoke)
 	if err != nil {
 		_ = stateSub.Unsubscribe()
+		_ = notifySub.Unsubscribe()
 		return fmt.Errorf("shim: subscribe %s: %w", wire.SubjectNodeInvokeAll, err)
 	}
 	// Ask every hub to re-announce its sessions: records written while no
@@ -245,6 +253,7 @@ loop:
 	defer budget.Stop()
 	drainSub(invokeSub, budget.C)
 	drainSub(stateSub, budget.C)
+	drainSub(notifySub, budget.C)
 	done := make(chan struct{})
 	go func() { s.inflight.Wait(); close(done) }()
 	select {
