@@ -32,6 +32,9 @@ const (
 	DefaultShutdownTimeout = 5 * time.Second
 	DefaultNotifyRate      = 20 // notifications per second and device
 	DefaultNotifyBurst     = 50
+	// DefaultHeartbeatInterval: shims declare a hub gone after missing
+	// about three heartbeats (shim.DefaultHubTimeout).
+	DefaultHeartbeatInterval = 5 * time.Second
 
 	DefaultMQTTMaxPayload  = 8192 // the firmware's MQTT buffer
 	DefaultMQTTKeepalive   = 240 * time.Second
@@ -89,6 +92,10 @@ type Config struct {
 	// Defaults 20/s and 50.
 	NotifyRate  float64
 	NotifyBurst int
+	// HeartbeatInterval is how often the hub announces on
+	// wire.SubjectHubHeartbeat that it is alive; shims mark the devices of
+	// a hub silent for their HubTimeout disconnected. Default 5 s.
+	HeartbeatInterval time.Duration
 	// ShutdownTimeout bounds the graceful part of Run's shutdown.
 	ShutdownTimeout time.Duration
 	// Version is reported as clientInfo.version in MCP initialize.
@@ -155,6 +162,7 @@ func (c *Config) setDefaults() {
 	setDefault(&c.MaxToolPages, DefaultMaxToolPages)
 	setDefault(&c.ShutdownTimeout, DefaultShutdownTimeout)
 	setDefault(&c.NotifyRate, DefaultNotifyRate)
+	setDefault(&c.HeartbeatInterval, DefaultHeartbeatInterval)
 	setDefault(&c.NotifyBurst, DefaultNotifyBurst)
 	setDefault(&c.Version, "dev")
 	setDefault(&c.MQTTMaxPayload, min(DefaultMQTTMaxPayload, c.MaxFrameBytes))
@@ -194,7 +202,7 @@ func (c Config) Validate() error {
 	}
 	for name, d := range map[string]time.Duration{
 		"HelloTimeout": c.HelloTimeout, "IdleTimeout": c.IdleTimeout, "CallTimeout": c.CallTimeout,
-		"WriteTimeout": c.WriteTimeout, "ShutdownTimeout": c.ShutdownTimeout,
+		"WriteTimeout": c.WriteTimeout, "ShutdownTimeout": c.ShutdownTimeout, "HeartbeatInterval": c.HeartbeatInterval,
 	} {
 		if d < 0 {
 			errs = append(errs, fmt.Errorf("%s must not be negative", name))

@@ -52,6 +52,10 @@ type Config struct {
 	// parallel (one device's events always go to the same worker, in order);
 	// default 8.
 	EventWorkers int
+	// HubTimeout is how long a devicehub may miss its heartbeats before the
+	// nodes it holds are marked disconnected (see DefaultHubTimeout);
+	// negative turns the check off (hubs that send no heartbeats).
+	HubTimeout time.Duration
 
 	// TracerProvider traces invokes (telemetry.NewTracerProvider); nil
 	// means no tracing.
@@ -82,6 +86,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.EventWorkers == 0 {
 		c.EventWorkers = 8
+	}
+	if c.HubTimeout == 0 {
+		c.HubTimeout = DefaultHubTimeout
 	}
 	if c.TracerProvider == nil {
 		c.TracerProvider = noop.NewTracerProvider()
@@ -232,6 +239,16 @@ func (s *Service) Run(ctx context.Context) error {
 	}
 	if err := s.nc.Flush(); err != nil {
 		s.log.Warn("flush after subscribe", "err", err)
+	}
+	if s.cfg.HubTimeout > 0 {
+		hw, err := s.startHubWatch()
+		if err != nil {
+			return fmt.Errorf("shim: subscribe %s: %w", wire.SubjectHubHeartbeat, err)
+		}
+		hwCtx, stopHW := context.WithCancel(ctx)
+		hwDone := make(chan struct{})
+		go func() { defer close(hwDone); hw.run(hwCtx) }()
+		defer func() { stopHW(); <-hwDone }()
 	}
 	close(s.ready)
 	s.log.Info("shim ready", "nodes", reg.Len())

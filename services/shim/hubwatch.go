@@ -1,0 +1,122 @@
+package shim
+
+import (
+	"context"
+	"encoding/json"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
+	"github.com/xiaoclaw/xiaoclaw/services/shim/internal/hubs"
+	"github.com/xiaoclaw/xiaoclaw/services/shim/internal/nodes"
+)
+
+// DefaultHubTimeout is how long a devicehub may stay silent before its
+// devices are marked disconnected: three heartbeats at the hubs' default
+// interval of 5 s. With the check every hubCheckEvery, a node whose hub
+// died reads connected=false within about 16 s.
+const DefaultHubTimeout = 15 * time.Second
+
+// hubCheckEvery is how often the registry cache is checked against the
+// hubs' heartbeats.
+const hubCheckEvery = time.Second
+
+// hubWatch releases the sessions of devicehubs that died without a word:
+// it follows every hub's heartbeats (each shim replica hears them all) and
+// marks the connected records of a silent or restarted hub disconnected.
+type hubWatch struct {
+	s          *Service
+	tracker    *hubs.Tracker
+	sub        *nats.Subscription
+	reconnects uint64
+}
+
+func (s *Service) startHubWatch() (*hubWatch, error) {
+	w := &hubWatch{s: s, tracker: hubs.New(s.cfg.HubTimeout, time.Now()), reconnects: s.nc.Stats().Reconnects}
+	sub, err := s.nc.Subscribe(wire.SubjectHubHeartbeat, w.onHeartbeat)
+	if err != nil {
+		return nil, err
+	}
+	w.sub = sub
+	return w, nil
+}
+
+func (w *hubWatch) onHeartbeat(m *nats.Msg) {
+	var hb wire.HubHeartbeat
+	if json.Unmarshal(m.Data, &hb) != nil || hb.Hub == "" {
+		return
+	}
+	if w.tracker.Observe(hb, time.Now()) {
+		// A hub declared gone is back with its sessions: have them announced.
+		w.s.log.Info("devicehub heard again; asking hubs to re-announce their sessions", "hub", hb.Hub)
+		if err := w.s.nc.Publish(wire.SubjectHubResync, nil); err != nil {
+			w.s.log.Warn("could not ask hubs to resync", "err", err)
+		}
+	}
+}
+
+// run checks the registry every hubCheckEvery until ctx ends.
+func (w *hubWatch) run(ctx context.Context) {
+	t := time.NewTicker(hubCheckEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			_ = w.sub.Unsubscribe()
+			return
+		case <-t.C:
+			w.check(ctx)
+		}
+	}
+}
+
+// check releases every connected record whose hub is gone.
+func (w *hubWatch) check(ctx context.Context) {
+	now := time.Now()
+	// Heartbeats missed while this replica was cut off from NATS say
+	// nothing about the hubs.
+	if !w.s.nc.IsConnected() {
+		return
+	}
+	if n := w.s.nc.Stats().Reconnects; n != w.reconnects {
+		w.reconnects = n
+		w.tracker.Reset(now)
+		return
+	}
+	type stale struct {
+		sess    nodes.Session
+		verdict hubs.Verdict
+	}
+	var gone []stale
+	w.s.reg.Connected(func(sess nodes.Session) {
+		if v := w.tracker.Check(sess.Owner, sess.ConnectedAtMs, now); v != hubs.Alive {
+			gone = append(gone, stale{sess, v})
+		}
+	})
+	lost := map[string]int{}
+	for _, g := range gone {
+		if ctx.Err() != nil {
+			return
+		}
+		reason := "devicehub lost"
+		if g.verdict == hubs.Restarted {
+			reason = "devicehub restarted"
+		} else {
+			w.tracker.MarkLost(g.sess.Owner)
+		}
+		wctx, cancel := context.WithTimeout(ctx, registryTimeout)
+		applied, err := w.s.reg.Release(wctx, g.sess, reason)
+		cancel()
+		if err != nil {
+			w.s.log.Warn("could not release a session of a lost devicehub", "tenant", g.sess.Tenant, "node", g.sess.NodeID, "hub", g.sess.Owner, "err", err)
+			continue
+		}
+		if applied {
+			lost[g.sess.Owner+" ("+reason+")"]++
+		}
+	}
+	for hub, n := range lost {
+		w.s.log.Warn("marked the devices of a devicehub disconnected", "hub", hub, "devices", n)
+	}
+}
