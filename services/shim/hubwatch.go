@@ -22,18 +22,28 @@ const DefaultHubTimeout = 15 * time.Second
 // hubs' heartbeats.
 const hubCheckEvery = time.Second
 
-// hubWatch releases the sessions of devicehubs that died without a word:
-// it follows every hub's heartbeats (each shim replica hears them all) and
+// hubWatch keeps the registry's presence true when events are missing.
+// It releases the sessions of devicehubs that died without a word: it
+// follows every hub's heartbeats (each shim replica hears them all) and
 // marks the connected records of a silent or restarted hub disconnected.
+// And when the lifecycle subscription dropped events (a slow consumer), it
+// asks the hubs to re-announce their sessions.
 type hubWatch struct {
 	s          *Service
-	tracker    *hubs.Tracker
+	tracker    *hubs.Tracker // nil: no heartbeat check (HubTimeout < 0)
 	sub        *nats.Subscription
 	reconnects uint64
+
+	lifecycle *nats.Subscription
+	dropped   int
 }
 
-func (s *Service) startHubWatch() (*hubWatch, error) {
-	w := &hubWatch{s: s, tracker: hubs.New(s.cfg.HubTimeout, time.Now()), reconnects: s.nc.Stats().Reconnects}
+func (s *Service) startHubWatch(lifecycle *nats.Subscription) (*hubWatch, error) {
+	w := &hubWatch{s: s, reconnects: s.nc.Stats().Reconnects, lifecycle: lifecycle}
+	if s.cfg.HubTimeout < 0 {
+		return w, nil
+	}
+	w.tracker = hubs.New(s.cfg.HubTimeout, time.Now())
 	sub, err := s.nc.Subscribe(wire.SubjectHubHeartbeat, w.onHeartbeat)
 	if err != nil {
 		return nil, err
@@ -63,11 +73,32 @@ func (w *hubWatch) run(ctx context.Context) {
 	for {
 		select {
 		case <-ctx.Done():
-			_ = w.sub.Unsubscribe()
+			if w.sub != nil {
+				_ = w.sub.Unsubscribe()
+			}
 			return
 		case <-t.C:
-			w.check(ctx)
+			w.checkLifecycle()
+			if w.tracker != nil {
+				w.check(ctx)
+			}
 		}
+	}
+}
+
+// checkLifecycle asks the hubs to re-announce their sessions after the
+// lifecycle subscription dropped events: online and tools events come
+// again; a lost offline event is made up for by the heartbeat check (a
+// gone hub) or the first call to the device (no responders).
+func (w *hubWatch) checkLifecycle() {
+	n, err := w.lifecycle.Dropped()
+	if err != nil || n <= w.dropped {
+		return
+	}
+	w.s.log.Warn("device lifecycle events dropped (slow consumer); asking hubs to re-announce their sessions", "dropped", n-w.dropped)
+	w.dropped = n
+	if err := w.s.nc.Publish(wire.SubjectHubResync, nil); err != nil {
+		w.s.log.Warn("could not ask hubs to resync", "err", err)
 	}
 }
 

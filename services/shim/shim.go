@@ -240,16 +240,14 @@ func (s *Service) Run(ctx context.Context) error {
 	if err := s.nc.Flush(); err != nil {
 		s.log.Warn("flush after subscribe", "err", err)
 	}
-	if s.cfg.HubTimeout > 0 {
-		hw, err := s.startHubWatch()
-		if err != nil {
-			return fmt.Errorf("shim: subscribe %s: %w", wire.SubjectHubHeartbeat, err)
-		}
-		hwCtx, stopHW := context.WithCancel(ctx)
-		hwDone := make(chan struct{})
-		go func() { defer close(hwDone); hw.run(hwCtx) }()
-		defer func() { stopHW(); <-hwDone }()
+	hw, err := s.startHubWatch(stateSub)
+	if err != nil {
+		return fmt.Errorf("shim: subscribe %s: %w", wire.SubjectHubHeartbeat, err)
 	}
+	hwCtx, stopHW := context.WithCancel(ctx)
+	hwDone := make(chan struct{})
+	go func() { defer close(hwDone); hw.run(hwCtx) }()
+	defer func() { stopHW(); <-hwDone }()
 	close(s.ready)
 	s.log.Info("shim ready", "nodes", reg.Len())
 
