@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"log/slog"
 	"strconv"
 	"strings"
@@ -87,7 +88,7 @@ func (r *replica) stop(t testing.TB) {
 func (e *env) startShim(t testing.TB, cfg shim.Config) *replica {
 	t.Helper()
 	nc := connect(t, e.srv, "shim")
-	svc, err := shim.New(cfg, nc, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	svc, err := shim.New(cfg, nc, slog.New(slog.NewTextHandler(logSink(), nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -367,4 +368,11 @@ func firmwareAnswer(req rpcRequest) []byte {
 		return fail("Unknown tool: " + p.Name)
 	}
 	return fail("Method not implemented: " + req.Method)
+}
+
+func logSink() io.Writer {
+	if os.Getenv("SHIM_TEST_LOG") != "" {
+		return os.Stderr
+	}
+	return io.Discard
 }

@@ -3,6 +3,7 @@ package shim
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -36,10 +37,12 @@ type hubWatch struct {
 
 	lifecycle *nats.Subscription
 	dropped   int
+
+	probed map[string]time.Time // node key -> last probe, for records of Unknown hubs
 }
 
 func (s *Service) startHubWatch(lifecycle *nats.Subscription) (*hubWatch, error) {
-	w := &hubWatch{s: s, reconnects: s.nc.Stats().Reconnects, lifecycle: lifecycle}
+	w := &hubWatch{s: s, reconnects: s.nc.Stats().Reconnects, lifecycle: lifecycle, probed: map[string]time.Time{}}
 	if s.cfg.HubTimeout < 0 {
 		return w, nil
 	}
@@ -120,20 +123,39 @@ func (w *hubWatch) check(ctx context.Context) {
 		verdict hubs.Verdict
 	}
 	var gone []stale
+	probed := make(map[string]time.Time, len(w.probed))
 	w.s.reg.Connected(func(sess nodes.Session) {
-		if v := w.tracker.Check(sess.Owner, sess.ConnectedAtMs, now); v != hubs.Alive {
+		v := w.tracker.Check(sess.Owner, sess.ConnectedAtMs, now)
+		if v == hubs.Unknown {
+			// Probe each such record once per timeout, not every check.
+			key := wire.NodeKey(sess.Tenant, sess.NodeID)
+			if last, ok := w.probed[key]; ok && now.Sub(last) < w.s.cfg.HubTimeout {
+				probed[key] = last
+				return
+			}
+			probed[key] = now
+		}
+		if v != hubs.Alive {
 			gone = append(gone, stale{sess, v})
 		}
 	})
+	w.probed = probed
 	lost := map[string]int{}
 	for _, g := range gone {
 		if ctx.Err() != nil {
 			return
 		}
-		reason := "devicehub lost"
-		if g.verdict == hubs.Restarted {
+		var reason string
+		switch g.verdict {
+		case hubs.Restarted:
 			reason = "devicehub restarted"
-		} else {
+		case hubs.Unknown:
+			if w.served(ctx, g.sess) {
+				continue
+			}
+			reason = "devicehub unreachable"
+		default:
+			reason = "devicehub lost"
 			w.tracker.MarkLost(g.sess.Owner)
 		}
 		wctx, cancel := context.WithTimeout(ctx, registryTimeout)
@@ -150,4 +172,21 @@ func (w *hubWatch) check(ctx context.Context) {
 	for hub, n := range lost {
 		w.s.log.Warn("marked the devices of a devicehub disconnected", "hub", hub, "devices", n)
 	}
+}
+
+// probeTimeout bounds the probe of one device subject.
+const probeTimeout = 2 * time.Second
+
+// served asks NATS whether any devicehub serves the device of a record
+// whose hub never sent a heartbeat. The probe is a request the hub refuses
+// (INVALID_REQUEST) without passing it to the device; only "no responders"
+// means nobody holds the session.
+func (w *hubWatch) served(ctx context.Context, sess nodes.Session) bool {
+	if sess.Device == "" {
+		return true
+	}
+	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
+	defer cancel()
+	_, err := w.s.nc.RequestWithContext(ctx, wire.DeviceRPC(sess.Tenant, sess.Device), []byte(`{}`))
+	return !errors.Is(err, nats.ErrNoResponders)
 }

@@ -60,6 +60,24 @@ func (e *env) fakeHub(t *testing.T, startedMs int64, resync *wire.DeviceEvent) *
 	return h
 }
 
+// awaitHeartbeats waits until n more hub heartbeats went by.
+func (e *env) awaitHeartbeats(t *testing.T, n int) {
+	t.Helper()
+	ch := make(chan *nats.Msg, n)
+	sub, err := e.nc.ChanSubscribe(wire.SubjectHubHeartbeat, ch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	for range n {
+		select {
+		case <-ch:
+		case <-time.After(waitFor):
+			t.Fatal("no hub heartbeat")
+		}
+	}
+}
+
 func disconnectReason(t *testing.T, ev wire.NodeEventMsg) string {
 	t.Helper()
 	var p struct {
@@ -83,6 +101,7 @@ func TestSilentHubLosesItsNodesUntilHeardAgain(t *testing.T) {
 	e.publishEvent(t, on)
 	e.waitRecord(t, tenant, nodeID, "connected", func(r wire.NodeRecord) bool { return r.Connected })
 
+	e.awaitHeartbeats(t, 3) // the shim has heard the hub, too
 	hub.beating.Store(false)
 	e.waitRecord(t, tenant, nodeID, "disconnected", func(r wire.NodeRecord) bool { return !r.Connected && r.SessionID == "s1" })
 	if r := disconnectReason(t, nextEvent(t, events, wire.EventNodeDisconnected)); !strings.Contains(r, "devicehub lost") {
@@ -105,9 +124,37 @@ func TestRestartedHubReleasesOlderSessions(t *testing.T) {
 	e.publishEvent(t, online(tenant, device, "s1", 1000))
 	e.waitRecord(t, tenant, nodeID, "connected", func(r wire.NodeRecord) bool { return r.Connected })
 
+	e.awaitHeartbeats(t, 3)
 	hub.startedMs.Store(2000)
 	e.waitRecord(t, tenant, nodeID, "disconnected", func(r wire.NodeRecord) bool { return !r.Connected })
 	if r := disconnectReason(t, nextEvent(t, events, wire.EventNodeDisconnected)); r != "devicehub restarted" {
 		t.Fatalf("reason %q", r)
+	}
+}
+
+// Records of a hub never heard from (one that died before this shim
+// started, or one of a release without heartbeats) are probed on the
+// device subject: a device nobody serves is released, a served one stays.
+func TestUnknownHubRecordsAreProbed(t *testing.T) {
+	e := newEnv(t)
+	e.startShim(t, shim.Config{HubTimeout: 300 * time.Millisecond})
+	const otherDevice = "a1b2c3d4e5f7"
+	otherNode := wire.DeviceNodeID(otherDevice)
+	for _, ev := range []wire.DeviceEvent{online(tenant, device, "s1", 1000), online(tenant, otherDevice, "s2", 1000)} {
+		ev.Hub = "old-hub"
+		e.publishEvent(t, ev)
+	}
+	served := e.fakeDevice(t, connect(t, e.srv, "old-hub"), tenant, device)
+	e.waitRecord(t, tenant, nodeID, "connected", func(r wire.NodeRecord) bool { return r.Connected })
+	e.waitRecord(t, tenant, otherNode, "released", func(r wire.NodeRecord) bool { return !r.Connected })
+	deadline := time.Now().Add(waitFor)
+	for len(served.seen()) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the served device was never probed")
+		}
+		time.Sleep(10 * time.Millisecond) // polling for the probe
+	}
+	if r, _ := e.record(t, tenant, nodeID); !r.Connected {
+		t.Fatal("a device its hub still serves was released")
 	}
 }

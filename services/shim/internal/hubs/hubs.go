@@ -6,9 +6,10 @@
 // (the hub died without publishing offline events, or is cut off from
 // NATS), or when its owner is heard from but started after the record's
 // session did (the process that held the session is gone and a new one of
-// the same name runs). Hubs never heard from get the timeout counted from
-// the tracker's start, so a shim that starts after a hub died still
-// releases that hub's records.
+// the same name runs). A hub never heard from within the timeout of the
+// tracker's start is Unknown: it died before this shim started, or it is
+// of a release that sends no heartbeats; the caller asks NATS whether
+// anyone still serves such a record's device.
 package hubs
 
 import (
@@ -82,6 +83,7 @@ const (
 	Alive     Verdict = iota // the hub holding the session is alive
 	Silent                   // no heartbeat for the timeout: the hub is gone or cut off
 	Restarted                // the hub runs, but started after the session: the session is gone
+	Unknown                  // never heard from: probe the device subject
 )
 
 // Check judges a connected record owned by owner whose session started at
@@ -92,7 +94,7 @@ func (t *Tracker) Check(owner string, connectedAtMs int64, now time.Time) Verdic
 	h, ok := t.hubs[owner]
 	switch {
 	case !ok && now.Sub(t.since) > t.timeout:
-		return Silent
+		return Unknown
 	case !ok:
 		return Alive // not heard from yet, within the grace after start
 	case now.Sub(h.seen) > h.timeout:

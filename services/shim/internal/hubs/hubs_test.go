@@ -13,7 +13,7 @@ func TestVerdicts(t *testing.T) {
 	if v := tr.Check("hub-a", 1, t0.Add(10*time.Second)); v != Alive {
 		t.Fatalf("unknown hub within the grace after start: %v", v)
 	}
-	if v := tr.Check("hub-a", 1, t0.Add(16*time.Second)); v != Silent {
+	if v := tr.Check("hub-a", 1, t0.Add(16*time.Second)); v != Unknown {
 		t.Fatalf("unknown hub after the grace: %v", v)
 	}
 	hb := wire.HubHeartbeat{Hub: "hub-b", StartedMs: 5000, IntervalMs: 5000}

@@ -10,6 +10,7 @@ import (
 // Session names the session a connected record holds.
 type Session struct {
 	Tenant, NodeID string
+	Device         string // canonical device id
 	Owner          string // the devicehub instance
 	SessionID      string
 	ConnectedAtMs  int64
@@ -23,7 +24,7 @@ func (r *Registry) Connected(fn func(Session)) {
 	for tenant, m := range r.nodes {
 		for id, n := range m {
 			if rec := &n.Record; rec.Connected {
-				fn(Session{Tenant: tenant, NodeID: id, Owner: rec.Owner, SessionID: rec.SessionID, ConnectedAtMs: rec.ConnectedAtMs})
+				fn(Session{Tenant: tenant, NodeID: id, Device: rec.Device, Owner: rec.Owner, SessionID: rec.SessionID, ConnectedAtMs: rec.ConnectedAtMs})
 			}
 		}
 	}
