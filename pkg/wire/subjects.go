@@ -10,6 +10,7 @@ package wire
 //	xc.<tenant>.node.event             pub        shim, gateway -> every gateway
 //	xc.<tenant>.ocnode.<node>.invoke   req/reply  gateway -> gateway holding an OpenClaw node host
 //	xc._sys.hub.resync                 pub        shim -> every devicehub: re-announce sessions
+//	xc._sys.hub.heartbeat              pub        every devicehub -> every shim: liveness
 const (
 	// SubjectDeviceStateAll matches every device state subject.
 	SubjectDeviceStateAll = "xc.*.dev.*.state"
