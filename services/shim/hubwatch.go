@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -140,38 +141,63 @@ func (w *hubWatch) check(ctx context.Context) {
 		}
 	})
 	w.probed = probed
+	var mu sync.Mutex
 	lost := map[string]int{}
+	// A dead hub may have held thousands of sessions: release them with a
+	// few writers at once (each is a KV read and a compare-and-set).
+	work := make(chan stale)
+	var wg sync.WaitGroup
+	for range min(releaseWriters, len(gone)) {
+		wg.Go(func() {
+			for g := range work {
+				if reason, applied := w.release(ctx, g.sess, g.verdict); applied {
+					mu.Lock()
+					lost[g.sess.Owner+" ("+reason+")"]++
+					mu.Unlock()
+				}
+			}
+		})
+	}
 	for _, g := range gone {
 		if ctx.Err() != nil {
-			return
+			break
 		}
-		var reason string
-		switch g.verdict {
-		case hubs.Restarted:
-			reason = "devicehub restarted"
-		case hubs.Unknown:
-			if w.served(ctx, g.sess) {
-				continue
-			}
-			reason = "devicehub unreachable"
-		default:
-			reason = "devicehub lost"
-			w.tracker.MarkLost(g.sess.Owner)
-		}
-		wctx, cancel := context.WithTimeout(ctx, registryTimeout)
-		applied, err := w.s.reg.Release(wctx, g.sess, reason)
-		cancel()
-		if err != nil {
-			w.s.log.Warn("could not release a session of a lost devicehub", "tenant", g.sess.Tenant, "node", g.sess.NodeID, "hub", g.sess.Owner, "err", err)
-			continue
-		}
-		if applied {
-			lost[g.sess.Owner+" ("+reason+")"]++
-		}
+		work <- g
 	}
+	close(work)
+	wg.Wait()
 	for hub, n := range lost {
 		w.s.log.Warn("marked the devices of a devicehub disconnected", "hub", hub, "devices", n)
 	}
+}
+
+// releaseWriters is how many records one check releases at once.
+const releaseWriters = 8
+
+// release marks one record of a gone hub disconnected; for a hub never
+// heard from only after a probe found nobody serving the device.
+func (w *hubWatch) release(ctx context.Context, sess nodes.Session, v hubs.Verdict) (string, bool) {
+	var reason string
+	switch v {
+	case hubs.Restarted:
+		reason = "devicehub restarted"
+	case hubs.Unknown:
+		if w.served(ctx, sess) {
+			return "", false
+		}
+		reason = "devicehub unreachable"
+	default:
+		reason = "devicehub lost"
+		w.tracker.MarkLost(sess.Owner)
+	}
+	ctx, cancel := context.WithTimeout(ctx, registryTimeout)
+	defer cancel()
+	applied, err := w.s.reg.Release(ctx, sess, reason)
+	if err != nil {
+		w.s.log.Warn("could not release a session of a lost devicehub", "tenant", sess.Tenant, "node", sess.NodeID, "hub", sess.Owner, "err", err)
+		return "", false
+	}
+	return reason, applied
 }
 
 // probeTimeout bounds the probe of one device subject.
