@@ -99,8 +99,11 @@ type Config struct {
 	// connection. Default 1024.
 	MaxInflightPerConn int
 	// IdempotencyTTL is how long an idempotency key is remembered.
-	// Default 5 min. It sets the bucket TTL when this gateway creates it.
+	// Default 5 min. It sets the bucket's TTL.
 	IdempotencyTTL time.Duration
+	// IdempotencyReplicas is the idempotency bucket's replica count in a
+	// NATS cluster (file storage either way). Default 1; use 3 in production.
+	IdempotencyReplicas int
 	// ShutdownGrace bounds how long Run waits for in-flight invokes before
 	// it closes the sockets. Default 5 s.
 	ShutdownGrace time.Duration
@@ -173,8 +176,8 @@ func (c Config) Validate() error {
 	if c.MaxPayload < 0 || (c.MaxPayload > 0 && c.MaxPayload < protocol.MaxPreauthPayload) {
 		errs = append(errs, fmt.Errorf("MaxPayload must be at least %d bytes", protocol.MaxPreauthPayload))
 	}
-	if c.MaxBufferedBytes < 0 || c.MaxInflightPerConn < 0 {
-		errs = append(errs, errors.New("MaxBufferedBytes and MaxInflightPerConn must not be negative"))
+	if c.MaxBufferedBytes < 0 || c.MaxInflightPerConn < 0 || c.IdempotencyReplicas < 0 || c.IdempotencyReplicas > 5 {
+		errs = append(errs, errors.New("MaxBufferedBytes and MaxInflightPerConn must not be negative, IdempotencyReplicas must be 0-5"))
 	}
 	if c.IdempotencyTTL > 0 && c.IdempotencyTTL < time.Second {
 		errs = append(errs, errors.New("IdempotencyTTL must be at least 1s"))
@@ -297,7 +300,7 @@ func (s *Service) Run(ctx context.Context) error {
 	if s.reg, err = registry.Open(ctx, s.js, s.log); err != nil {
 		return err
 	}
-	if s.idem, err = idempotency.Open(ctx, s.nc, s.js, s.cfg.IdempotencyTTL); err != nil {
+	if s.idem, err = idempotency.Open(ctx, s.nc, s.js, idempotency.Options{TTL: s.cfg.IdempotencyTTL, Replicas: s.cfg.IdempotencyReplicas}); err != nil {
 		return err
 	}
 	s.reg.OnChange(s.onRegistryChange)

@@ -259,9 +259,9 @@ func Start(ctx context.Context, cfg Config) (*Stack, error) {
 
 func (s *Stack) connect(name string) (*nats.Conn, error) {
 	if s.nats != nil {
-		return s.nats.Connect(name)
+		return s.nats.Connect(name, s.errorHandler(name))
 	}
-	return nats.Connect(s.natsURL, nats.Name(name), nats.MaxReconnects(-1))
+	return nats.Connect(s.natsURL, nats.Name(name), nats.MaxReconnects(-1), s.errorHandler(name))
 }
 
 // NATSURL is the URL of the stack's NATS server.
