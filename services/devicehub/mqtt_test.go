@@ -110,7 +110,7 @@ func TestOTABootThenMQTTSessionServesCalls(t *testing.T) {
 		t.Fatal(err)
 	}
 	if reply.ServerTime.Timestamp == 0 || reply.Firmware.Version != xzsim.DefaultFirmwareVersion || reply.Firmware.URL != "" ||
-		reply.WebSocket.URL != wsURL(hub) || reply.WebSocket.Token != testToken ||
+		reply.WebSocket.URL != wsURL(hub) || reply.WebSocket.Token == "" || reply.WebSocket.Token == testToken ||
 		reply.MQTT.Endpoint != hub.MQTTAddr() || reply.MQTT.PublishTopic != "device-server" ||
 		reply.MQTT.SubscribeTopic != "devices/p2p/aa_bb_cc_0f_00_01" || !strings.HasPrefix(reply.MQTT.ClientID, "GID_xiaoclaw@@@aa_bb_cc_0f_00_01@@@") {
 		t.Fatalf("OTA reply: %s", raw)
