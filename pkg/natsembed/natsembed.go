@@ -21,11 +21,15 @@ type Config struct {
 	StoreDir string
 	// ServerName shows in monitoring; defaults to "xiaoclaw-dev".
 	ServerName string
+	// User and Password, when set, are required of every client, in-process
+	// ones included: a listening server is then no open door to the bus.
+	User, Password string
 }
 
 // Server is a running embedded NATS server.
 type Server struct {
-	ns *server.Server
+	ns             *server.Server
+	user, password string
 }
 
 // Start starts the server and waits until it accepts connections.
@@ -54,6 +58,12 @@ func Start(cfg Config) (*Server, error) {
 		NoLog:      true,
 		MaxPayload: 8 << 20,
 	}
+	if cfg.User != "" || cfg.Password != "" {
+		if cfg.User == "" || cfg.Password == "" {
+			return nil, fmt.Errorf("natsembed: User and Password go together")
+		}
+		opts.Users = []*server.User{{Username: cfg.User, Password: cfg.Password}}
+	}
 	ns, err := server.NewServer(opts)
 	if err != nil {
 		return nil, fmt.Errorf("natsembed: %w", err)
@@ -63,7 +73,7 @@ func Start(cfg Config) (*Server, error) {
 		ns.Shutdown()
 		return nil, fmt.Errorf("natsembed: server not ready within 10s")
 	}
-	return &Server{ns: ns}, nil
+	return &Server{ns: ns, user: cfg.User, password: cfg.Password}, nil
 }
 
 // ClientURL is the nats:// URL of the server (empty when it does not listen).
@@ -77,6 +87,9 @@ func (s *Server) ClientURL() string {
 // Connect opens a client connection; in-process when the server does not listen.
 func (s *Server) Connect(name string, opts ...nats.Option) (*nats.Conn, error) {
 	opts = append([]nats.Option{nats.Name(name), nats.MaxReconnects(-1)}, opts...)
+	if s.user != "" {
+		opts = append(opts, nats.UserInfo(s.user, s.password))
+	}
 	if s.ns.Addr() == nil {
 		opts = append(opts, nats.InProcessServer(s.ns))
 	}
