@@ -78,6 +78,7 @@ type Guard[T any] struct {
 	report func(detail T, count int)
 	mu     sync.Mutex
 	keys   map[string]*entry[T]
+	swept  time.Time // last Sweep; a failure sweeps when it is a quarter interval old
 }
 
 type entry[T any] struct {
@@ -149,8 +150,14 @@ func (g *Guard[T]) record(key string, detail T, spend bool) {
 		e.last = detail
 		now1 = evicted
 	}
+	due := now.Sub(g.swept) >= g.cfg.SummaryInterval/4
 	g.mu.Unlock()
 	g.emit(now1)
+	if due {
+		// Doors that run no Run loop still get their summaries, at the
+		// latest with the next failure of any key.
+		g.Sweep(false)
+	}
 }
 
 type report[T any] struct {
@@ -206,6 +213,7 @@ func (g *Guard[T]) Sweep(final bool) {
 	now := g.cfg.Now()
 	var out []report[T]
 	g.mu.Lock()
+	g.swept = now
 	for k, e := range g.keys {
 		if e.pending > 0 && (final || now.Sub(e.reportedAt) >= g.cfg.SummaryInterval) {
 			out = append(out, report[T]{e.last, e.pending})
