@@ -30,8 +30,8 @@ import (
 	"github.com/go-chi/chi/v5"
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/access"
-	"github.com/xiaoclaw/xiaoclaw/pkg/authguard"
 	"github.com/xiaoclaw/xiaoclaw/pkg/audit"
+	"github.com/xiaoclaw/xiaoclaw/pkg/authguard"
 	"github.com/xiaoclaw/xiaoclaw/services/gateway"
 )
 
