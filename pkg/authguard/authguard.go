@@ -234,7 +234,7 @@ func (g *Guard[T]) Run(ctx context.Context) {
 	if g == nil {
 		return
 	}
-	t := time.NewTicker(g.cfg.SummaryInterval / 4)
+	t := time.NewTicker(max(g.cfg.SummaryInterval/4, time.Millisecond))
 	defer t.Stop()
 	for {
 		select {

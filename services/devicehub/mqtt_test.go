@@ -129,7 +129,7 @@ func TestOTABootThenMQTTSessionServesCalls(t *testing.T) {
 
 func TestMQTTWrongCredentialsRefused(t *testing.T) {
 	e := newEnv(t)
-	hub := startMQTTHub(t, e, nil)
+	hub := startMQTTHub(t, e, func(c *devicehub.Config) { c.AuthFailures = announceEach })
 	const mac = "aa:bb:cc:0f:00:02"
 	good := mqttConfig(t, hub, mac)
 	authFails := subscribeAuthFailures(t, e.nc)
@@ -510,7 +510,8 @@ func postActivate(t *testing.T, hub *devicehub.Service, mac, body string) int {
 
 func TestOTARefusesJunkWithClearErrors(t *testing.T) {
 	e := newEnv(t)
-	hub := startMQTTHub(t, e, nil)
+	// More junk than the default failure budget of one source.
+	hub := startMQTTHub(t, e, func(c *devicehub.Config) { c.AuthFailures.Burst = 100 })
 	for _, tc := range []struct {
 		name, path string
 		hdr        map[string]string
