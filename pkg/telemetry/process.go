@@ -69,11 +69,17 @@ func (p *Process) Shutdown() {
 
 // ConnectNATS connects to NATS for ever-retrying use by a service, logs
 // disconnects and reconnects on log, and exports the connection state as
-// the xiaoclaw_nats_connected gauge with the service label.
-func (p *Process) ConnectNATS(url, name, label string, log *slog.Logger) (*nats.Conn, error) {
-	nc, err := nats.Connect(url, nats.Name(name), nats.MaxReconnects(-1),
+// the xiaoclaw_nats_connected gauge with the service label. opts add the
+// service's credentials (natsauth).
+func (p *Process) ConnectNATS(url, name, label string, log *slog.Logger, opts ...nats.Option) (*nats.Conn, error) {
+	opts = append([]nats.Option{nats.Name(name), nats.MaxReconnects(-1),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { log.Warn("NATS disconnected", "err", err) }),
-		nats.ReconnectHandler(func(c *nats.Conn) { log.Info("NATS reconnected", "url", c.ConnectedUrlRedacted()) }))
+		nats.ReconnectHandler(func(c *nats.Conn) { log.Info("NATS reconnected", "url", c.ConnectedUrlRedacted()) }),
+		// A permission violation (a subject this service's user may not use)
+		// arrives asynchronously; say so instead of failing silently.
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { log.Error("NATS error", "err", err) }),
+	}, opts...)
+	nc, err := nats.Connect(url, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("connect NATS %s: %w", url, err)
 	}

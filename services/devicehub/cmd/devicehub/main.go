@@ -22,6 +22,7 @@ import (
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/activation"
 	"github.com/xiaoclaw/xiaoclaw/pkg/deviceauth"
+	"github.com/xiaoclaw/xiaoclaw/pkg/natsauth"
 	"github.com/xiaoclaw/xiaoclaw/pkg/telemetry"
 	"github.com/xiaoclaw/xiaoclaw/pkg/tenancy"
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
@@ -66,6 +67,8 @@ func run(args []string) error {
 	host, _ := os.Hostname()
 	fs := flag.NewFlagSet("devicehub", flag.ContinueOnError)
 	natsURL := fs.String("nats-url", "nats://127.0.0.1:4222", "NATS server URL")
+	var natsCreds natsauth.Credentials
+	natsCreds.Register(fs, os.Getenv)
 	deviceAddr := fs.String("device-addr", devicehub.DefaultDeviceAddr, "listen address of the device endpoints (WebSocket /xiaozhi/v1/)")
 	opsAddr := fs.String("ops-addr", ":9090", "listen address of /healthz, /readyz, /metrics and /debug/loglevel")
 	var tokens tokenList
@@ -110,7 +113,11 @@ func run(args []string) error {
 	tp, reg, level := proc.Tracer, proc.Registry, proc.Level
 	otel.SetErrorHandler(telemetry.ErrorHandler(log, time.Minute))
 
-	nc, err := proc.ConnectNATS(*natsURL, "devicehub "+*instance, telemetry.LabelDevicehub, log)
+	natsOpts, err := natsCreds.Options()
+	if err != nil {
+		return err
+	}
+	nc, err := proc.ConnectNATS(*natsURL, "devicehub "+*instance, telemetry.LabelDevicehub, log, natsOpts...)
 	if err != nil {
 		return err
 	}

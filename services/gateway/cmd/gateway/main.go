@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/access"
+	"github.com/xiaoclaw/xiaoclaw/pkg/natsauth"
 	"github.com/xiaoclaw/xiaoclaw/pkg/telemetry"
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
 	"github.com/xiaoclaw/xiaoclaw/services/gateway"
@@ -53,6 +54,8 @@ func run(args []string) error {
 	host, _ := os.Hostname()
 	fs := flag.NewFlagSet("gateway", flag.ContinueOnError)
 	natsURL := fs.String("nats-url", env("NATS_URL", nats.DefaultURL), "NATS server URL (env XIAOCLAW_NATS_URL)")
+	var natsCreds natsauth.Credentials
+	natsCreds.Register(fs, os.Getenv)
 	addr := fs.String("addr", env("ADDR", "127.0.0.1:18789"), "WebSocket listen address (env XIAOCLAW_ADDR)")
 	opsAddr := fs.String("ops-addr", env("OPS_ADDR", ":9090"), "ops listen address for /healthz, /readyz, /metrics and /debug/loglevel (env XIAOCLAW_OPS_ADDR)")
 	instance := fs.String("instance", env("INSTANCE", host), "replica name, stable across restarts (env XIAOCLAW_INSTANCE)")
@@ -94,7 +97,11 @@ func run(args []string) error {
 	log, tp, reg, level := proc.Log, proc.Tracer, proc.Registry, proc.Level
 	otel.SetErrorHandler(telemetry.ErrorHandler(log, time.Minute))
 
-	nc, err := proc.ConnectNATS(*natsURL, "xiaoclaw-gateway "+*instance, telemetry.LabelGateway, log)
+	natsOpts, err := natsCreds.Options()
+	if err != nil {
+		return err
+	}
+	nc, err := proc.ConnectNATS(*natsURL, "xiaoclaw-gateway "+*instance, telemetry.LabelGateway, log, natsOpts...)
 	if err != nil {
 		return err
 	}
