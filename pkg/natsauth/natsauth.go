@@ -20,6 +20,11 @@ const (
 	EnvCreds    = "XIAOCLAW_NATS_CREDS"
 )
 
+// InboxPrefix is the reply-subject prefix of a service user, "_INBOX_<user>":
+// the server lets each user subscribe to its own replies only
+// (deploy/helm's permissions), so no service reads another's.
+func InboxPrefix(user string) string { return "_INBOX_" + user }
+
 // Credentials of one NATS client: a user with a password, an nkey seed
 // file, or a credentials file (JWT and seed; operator mode). At most one.
 type Credentials struct {
@@ -39,8 +44,9 @@ func (c *Credentials) Register(fs *flag.FlagSet, getenv func(string) string) {
 	fs.StringVar(&c.CredsFile, "nats-creds", getenv(EnvCreds), "NATS credentials file, JWT and seed (env "+EnvCreds+")")
 }
 
-// Options returns the nats.Options that present the credentials; none when
-// no credentials are set (a URL with user:password@ still works).
+// Options returns the nats.Options that present the credentials (with a
+// user, also its InboxPrefix); none when no credentials are set (a URL with
+// user:password@ still works).
 func (c Credentials) Options() ([]nats.Option, error) {
 	n := 0
 	for _, set := range []bool{c.User != "" || c.Password != "", c.NKeySeedFile != "", c.CredsFile != ""} {
@@ -55,7 +61,7 @@ func (c Credentials) Options() ([]nats.Option, error) {
 		if c.User == "" || c.Password == "" {
 			return nil, errors.New("NATS credentials: --nats-user and --nats-password go together")
 		}
-		return []nats.Option{nats.UserInfo(c.User, c.Password)}, nil
+		return []nats.Option{nats.UserInfo(c.User, c.Password), nats.CustomInboxPrefix(InboxPrefix(c.User))}, nil
 	case c.NKeySeedFile != "":
 		opt, err := nats.NkeyOptionFromSeed(c.NKeySeedFile)
 		if err != nil {

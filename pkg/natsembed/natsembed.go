@@ -24,6 +24,10 @@ type Config struct {
 	// User and Password, when set, are required of every client, in-process
 	// ones included: a listening server is then no open door to the bus.
 	User, Password string
+	// Users, when set, are the server's users with their subject
+	// permissions (as a production server configures them); clients
+	// connect with their own credentials (Connect's opts).
+	Users []*server.User
 }
 
 // Server is a running embedded NATS server.
@@ -64,6 +68,7 @@ func Start(cfg Config) (*Server, error) {
 		}
 		opts.Users = []*server.User{{Username: cfg.User, Password: cfg.Password}}
 	}
+	opts.Users = append(opts.Users, cfg.Users...)
 	ns, err := server.NewServer(opts)
 	if err != nil {
 		return nil, fmt.Errorf("natsembed: %w", err)

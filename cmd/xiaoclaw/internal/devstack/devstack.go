@@ -16,6 +16,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
@@ -51,6 +52,13 @@ type Config struct {
 	// NATSPassword is required with NATSListen; the dev command generates
 	// it once and keeps it in the data directory.
 	NATSPassword string
+	// NATSUsers, when set, are the embedded server's users with their
+	// subject permissions, and NATSOptions gives each component (by name:
+	// "hub-1", "shim-1", "gateway-1", "audit-writer", "tenancy", …) the
+	// options it connects with: tests run the system under production
+	// permissions this way.
+	NATSUsers   []*server.User
+	NATSOptions func(component string) []nats.Option
 
 	DeviceAddr string // first hub; further hubs get random ports
 	// MQTTAddr runs the first hub's MQTT broker there ("host:0": a free
@@ -173,7 +181,7 @@ func Start(ctx context.Context, cfg Config) (*Stack, error) {
 		if cfg.DataDir == "" {
 			return nil, errors.New("devstack: DataDir is required with embedded NATS")
 		}
-		ncfg := natsembed.Config{StoreDir: filepath.Join(cfg.DataDir, "nats"), Port: -1}
+		ncfg := natsembed.Config{StoreDir: filepath.Join(cfg.DataDir, "nats"), Port: -1, Users: cfg.NATSUsers}
 		if cfg.NATSListen != "" {
 			host, port, err := splitHostPort(cfg.NATSListen)
 			if err != nil {
@@ -266,10 +274,14 @@ func Start(ctx context.Context, cfg Config) (*Stack, error) {
 }
 
 func (s *Stack) connect(name string) (*nats.Conn, error) {
-	if s.nats != nil {
-		return s.nats.Connect(name)
+	var opts []nats.Option
+	if s.cfg.NATSOptions != nil {
+		opts = s.cfg.NATSOptions(name)
 	}
-	return nats.Connect(s.natsURL, nats.Name(name), nats.MaxReconnects(-1))
+	if s.nats != nil {
+		return s.nats.Connect(name, opts...)
+	}
+	return nats.Connect(s.natsURL, append([]nats.Option{nats.Name(name), nats.MaxReconnects(-1)}, opts...)...)
 }
 
 // NATSUser is the user clients of a listening embedded NATS present.
