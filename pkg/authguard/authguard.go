@@ -12,6 +12,7 @@ package authguard
 
 import (
 	"context"
+	"flag"
 	"math"
 	"net"
 	"net/netip"
@@ -271,4 +272,13 @@ func Source(remoteAddr string) string {
 // Retry-After header.
 func RetryAfterSeconds(d time.Duration) int {
 	return int(math.Ceil(d.Seconds()))
+}
+
+// RegisterFlags adds --<prefix>-burst and --<prefix>-refill to fs for c's
+// Burst and Every, with def's values (zero fields: the package defaults)
+// as defaults.
+func (c *Config) RegisterFlags(fs *flag.FlagSet, prefix, what string, def Config) {
+	def.setDefaults()
+	fs.IntVar(&c.Burst, prefix+"-burst", def.Burst, "failed "+what+" a source may have in a row before it is throttled (negative: no throttling)")
+	fs.DurationVar(&c.Every, prefix+"-refill", def.Every, "a throttled source earns one more "+what+" attempt this often")
 }

@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/activation"
+	"github.com/xiaoclaw/xiaoclaw/pkg/authguard"
 	"github.com/xiaoclaw/xiaoclaw/pkg/deviceauth"
 	"github.com/xiaoclaw/xiaoclaw/pkg/natsauth"
 	"github.com/xiaoclaw/xiaoclaw/pkg/telemetry"
@@ -71,6 +72,9 @@ func run(args []string) error {
 	natsCreds.Register(fs, os.Getenv)
 	deviceAddr := fs.String("device-addr", devicehub.DefaultDeviceAddr, "listen address of the device endpoints (WebSocket /xiaozhi/v1/)")
 	opsAddr := fs.String("ops-addr", ":9090", "listen address of /healthz, /readyz, /metrics and /debug/loglevel")
+	var authFails, deviceFails authguard.Config
+	authFails.RegisterFlags(fs, "auth-failure", "device authentications and OTA requests", authguard.Config{})
+	deviceFails.RegisterFlags(fs, "device-auth-failure", "authentications claiming one device id (past it: 429 instead of 401; its right credential still passes)", authguard.Config{})
 	var tokens tokenList
 	fs.Var(&tokens, "device-token", "device bearer token as TENANT=TOKEN, or TOKEN for tenant dev (repeatable; env: comma-separated)")
 	callTimeout := fs.Duration("call-timeout", devicehub.DefaultCallTimeout, "deadline of one device call when the caller sets none")
@@ -149,7 +153,7 @@ func run(args []string) error {
 		OTA: devicehub.OTAConfig{Credentials: creds.minter, Activations: acts, AutoActivateTenant: *autoActivate,
 			WebSocketURL: *publicURL, MQTTEndpoint: *mqttEndpoint},
 		CallTimeout: *callTimeout, IdleTimeout: *idleTimeout, WithUserTools: *withUserTools, Version: version,
-		TracerProvider: tp, Registerer: reg,
+		TracerProvider: tp, Registerer: reg, AuthFailures: authFails, DeviceAuthFailures: deviceFails,
 	}, nc, log)
 	if err != nil {
 		return err

@@ -18,10 +18,12 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/access"
+	"github.com/xiaoclaw/xiaoclaw/pkg/authguard"
 	"github.com/xiaoclaw/xiaoclaw/pkg/natsauth"
 	"github.com/xiaoclaw/xiaoclaw/pkg/telemetry"
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
 	"github.com/xiaoclaw/xiaoclaw/services/gateway"
+	"github.com/xiaoclaw/xiaoclaw/services/gateway/adminapi"
 )
 
 // version is set at build time (-ldflags "-X main.version=...").
@@ -66,6 +68,9 @@ func run(args []string) error {
 	databaseURL := fs.String("database-url", env("DATABASE_URL", ""), "Postgres URL: tenants, operator tokens, policies, audit trail, admin API (env XIAOCLAW_DATABASE_URL)")
 	adminToken := fs.String("admin-token", env("ADMIN_TOKEN", ""), "global admin token of the admin API, at least 16 characters (env XIAOCLAW_ADMIN_TOKEN)")
 	auditWriter := fs.Bool("audit-writer", env("AUDIT_WRITER", "true") == "true", "also run the audit writer (stream → Postgres) in this process (env XIAOCLAW_AUDIT_WRITER)")
+	var authFails, codeFails authguard.Config
+	authFails.RegisterFlags(fs, "auth-failure", "authentications (operator connect, admin and audit APIs)", authguard.Config{})
+	codeFails.RegisterFlags(fs, "activation-failure", "activation codes (per tenant and per source)", adminapi.DefaultActivationFailures)
 	var tokens tokenList
 	fs.Var(&tokens, "operator-token", "static operator token TENANT=TOKEN or TENANT:ROLE=TOKEN (role admin, operator or viewer; default admin); repeatable (env XIAOCLAW_OPERATOR_TOKEN, comma-separated)")
 	if err := fs.Parse(args); err != nil {
@@ -113,13 +118,15 @@ func run(args []string) error {
 		Version:          "xiaoclaw-" + version,
 		Auth:             auth,
 		HandshakeTimeout: *handshake,
+		AuthFailures:     authFails,
 		MaxInvokeTimeout: *maxInvoke,
 		TracerProvider:   tp,
 		Registerer:       reg,
 	}
 	var be *backend
 	if *databaseURL != "" {
-		if be, err = openBackend(ctx, *databaseURL, nc, auth, *adminToken, *auditWriter, reg, log); err != nil {
+		if be, err = openBackend(ctx, *databaseURL, nc, auth, *adminToken, *auditWriter, reg, log,
+			apiLimits{authFailures: authFails, activationFailures: codeFails}); err != nil {
 			return err
 		}
 		defer be.close()
