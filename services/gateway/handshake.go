@@ -89,9 +89,9 @@ func (c *conn) handleConnect(req protocol.Request) {
 		if audit.ErrorCode == "" {
 			audit.ErrorCode = e.Code
 		}
-		if audit.Principal.Tenant == "" {
+		if audit.Principal.Tenant == "" && !e.Retryable {
 			c.s.authFails.Failed(source, audit)
-		} else {
+		} else { // accepted token, or a store outage: not the client's failure
 			c.s.auditConnect(audit)
 		}
 		c.failHandshake(req.ID, e, code, reason)
