@@ -166,3 +166,20 @@ func anyMatch(patterns []string, subject string) bool {
 	}
 	return false
 }
+
+// TestGatewayTrustsTheConfiguredProxies: gateway.trustedProxies reaches
+// the gateway (failed authentications are throttled per client behind the
+// Ingress, not per Ingress pod).
+func TestGatewayTrustsTheConfiguredProxies(t *testing.T) {
+	forEachScenario(t, func(t *testing.T, r rendering) {
+		m, ok := r.find("ConfigMap", releaseName+"-xiaoclaw-gateway")
+		if !ok {
+			t.Fatal("no gateway ConfigMap")
+		}
+		got := into[corev1.ConfigMap](t, m).Data["XIAOCLAW_TRUSTED_PROXIES"]
+		want := map[string]string{"production": "10.0.0.0/8"}[r.name]
+		if got != want {
+			t.Errorf("XIAOCLAW_TRUSTED_PROXIES %q, want %q", got, want)
+		}
+	})
+}

@@ -1,6 +1,7 @@
 package authguard
 
 import (
+	"net/http"
 	"sync"
 	"testing"
 	"time"
@@ -146,4 +147,34 @@ func TestNilGuardAllowsEverything(t *testing.T) {
 		t.Fatal("nil guard throttles")
 	}
 	g.Sweep(true)
+}
+
+func TestClientAddrTrustsOnlyConfiguredProxies(t *testing.T) {
+	trusted, err := ParsePrefixes("10.0.0.0/8, 192.0.2.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		peer, xff, want string
+	}{
+		{"203.0.113.5:4000", "", "203.0.113.5"},
+		{"203.0.113.5:4000", "198.51.100.1", "203.0.113.5"},                  // untrusted peer: header ignored
+		{"10.1.2.3:4000", "198.51.100.1", "198.51.100.1"},                    // through the ingress
+		{"10.1.2.3:4000", "1.1.1.1, 198.51.100.1, 10.9.9.9", "198.51.100.1"}, // forged left part skipped
+		{"192.0.2.1:80", "", "192.0.2.1"},
+		{"10.1.2.3:4000", "junk, 198.51.100.1", "198.51.100.1"},
+		{"10.1.2.3:4000", "198.51.100.1, junk", "10.1.2.3"},
+	} {
+		r, _ := http.NewRequest(http.MethodGet, "/", nil)
+		r.RemoteAddr = c.peer
+		if c.xff != "" {
+			r.Header.Set("X-Forwarded-For", c.xff)
+		}
+		if got := ClientAddr(r, trusted); got != c.want {
+			t.Errorf("peer %s XFF %q: %s, want %s", c.peer, c.xff, got, c.want)
+		}
+	}
+	if _, err := ParsePrefixes("10.0.0.0/8,nonsense"); err == nil {
+		t.Error("nonsense accepted")
+	}
 }

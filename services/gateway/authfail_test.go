@@ -2,6 +2,9 @@ package gateway_test
 
 import (
 	"context"
+	"net/http"
+	"net/netip"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -115,5 +118,49 @@ func TestRepeatedAuthFailuresThrottledPerSource(t *testing.T) {
 			t.Fatalf("no summary record: %+v", rec.snapshot())
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// Behind a trusted reverse proxy, the client named by X-Forwarded-For is
+// throttled, not the proxy: another client through the same proxy is
+// served. A peer that is no trusted proxy cannot pick its key with the
+// header.
+func TestThrottledClientBehindATrustedProxy(t *testing.T) {
+	e := newEnv(t)
+	gw := e.gateway(func(c *gateway.Config) {
+		c.AuthFailures = authguard.Config{Burst: 3, Every: time.Minute}
+		c.TrustedProxies = []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}
+	})
+	via := func(localIP, client, token string) gwtest.Frame {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), waitFor)
+		defer cancel()
+		c, err := gwtest.DialWith(ctx, gw.URL(), localIP, http.Header{"X-Forwarded-For": {client}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.CloseNow()
+		f, err := c.Connect(ctx, gwtest.OperatorParams(token))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
+	for range 3 {
+		via("127.0.0.1", "203.0.113.7", "wrong-token")
+	}
+	if f := via("127.0.0.1", "203.0.113.7", tokOperator); f.OK || f.Error.DetailCode() != "AUTH_RATE_LIMITED" {
+		t.Fatalf("throttled client through the proxy: %s", f.Raw)
+	}
+	if f := via("127.0.0.1", "198.51.100.9", tokOperator); !f.OK {
+		t.Fatalf("another client through the same proxy: %s", f.Raw)
+	}
+	// 127.0.0.3 is no trusted proxy: its header is ignored, its own
+	// address is throttled whatever it claims.
+	for i := range 3 {
+		via("127.0.0.3", "192.0.2."+strconv.Itoa(i+1), "wrong-token")
+	}
+	if f := via("127.0.0.3", "192.0.2.99", tokOperator); f.OK || f.Error.DetailCode() != "AUTH_RATE_LIMITED" {
+		t.Fatalf("an untrusted peer escaped its budget with X-Forwarded-For: %s", f.Raw)
 	}
 }

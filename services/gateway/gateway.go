@@ -18,6 +18,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -109,6 +110,10 @@ type Config struct {
 	// throttled connect gets AUTH_RATE_LIMITED with retryAfterMs), and
 	// folds them into one ConnectAudit per source and minute.
 	AuthFailures authguard.Config
+	// TrustedProxies are the reverse proxies (an Ingress) whose
+	// X-Forwarded-For names the client: its address is then the one
+	// throttled and audited. Default: none, the peer's address counts.
+	TrustedProxies []netip.Prefix
 }
 
 func (c *Config) setDefaults() {

@@ -21,6 +21,7 @@ import (
 	"log/slog"
 	"mime"
 	"net/http"
+	"net/netip"
 	"strconv"
 	"strings"
 	"time"
@@ -54,6 +55,9 @@ type Config struct {
 	// default 10 in a row, then one every 6 s; a throttled request gets
 	// 429 with Retry-After, whatever its token.
 	AuthFailures authguard.Config
+	// TrustedProxies are the reverse proxies whose X-Forwarded-For names
+	// the client whose failures count (gateway.Config.TrustedProxies).
+	TrustedProxies []netip.Prefix
 	// ActivationFailures throttles wrong activation codes per tenant and
 	// per source address, so the 6-digit codes cannot be searched:
 	// default 5 in a row, then one a minute (DefaultActivationFailures).
@@ -240,7 +244,7 @@ func callerOf(r *http.Request) caller { return r.Context().Value(callerKey{}).(c
 // admin; other callers are refused.
 func (a *api) authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		source := authguard.Source(r.RemoteAddr)
+		source := authguard.Source(authguard.ClientAddr(r, a.cfg.TrustedProxies))
 		if wait := a.authFails.RetryAfter(source); wait > 0 {
 			a.authFails.Throttled(source, source)
 			tooManyFailures(w, wait)

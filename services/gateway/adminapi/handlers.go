@@ -414,7 +414,7 @@ func (a *api) activate(r *http.Request) (int, any, error) {
 	}
 	// Wrong codes are limited per tenant and per source, so nobody can
 	// search the code space for other people's devices.
-	keys := []string{"tenant " + tenantParam(r), "source " + authguard.Source(r.RemoteAddr)}
+	keys := []string{"tenant " + tenantParam(r), "source " + authguard.Source(authguard.ClientAddr(r, a.cfg.TrustedProxies))}
 	for _, k := range keys {
 		if wait := a.codeFails.RetryAfter(k); wait > 0 {
 			a.codeFails.Throttled(k, k)

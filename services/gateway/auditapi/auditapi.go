@@ -22,6 +22,7 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"net/netip"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -141,7 +142,10 @@ type Config struct {
 	// default 10 in a row, then one every 6 s; a throttled request gets
 	// 429 with Retry-After, whatever its token.
 	AuthFailures authguard.Config
-	Log          *slog.Logger
+	// TrustedProxies are the reverse proxies whose X-Forwarded-For names
+	// the client whose failures count (gateway.Config.TrustedProxies).
+	TrustedProxies []netip.Prefix
+	Log            *slog.Logger
 }
 
 type api struct {
@@ -199,7 +203,7 @@ func writeError(w http.ResponseWriter, status int, code, msg string) {
 // caller returns the tenant the caller may read ("" for a global admin),
 // or false after answering the request.
 func (a *api) caller(w http.ResponseWriter, r *http.Request) (tenant string, global, ok bool) {
-	source := authguard.Source(r.RemoteAddr)
+	source := authguard.Source(authguard.ClientAddr(r, a.cfg.TrustedProxies))
 	if wait := a.authFails.RetryAfter(source); wait > 0 {
 		a.authFails.Throttled(source, source)
 		w.Header().Set("Retry-After", strconv.Itoa(authguard.RetryAfterSeconds(wait)))

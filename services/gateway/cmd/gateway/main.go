@@ -71,6 +71,7 @@ func run(args []string) error {
 	var authFails, codeFails authguard.Config
 	authFails.RegisterFlags(fs, "auth-failure", "authentications (operator connect, admin and audit APIs)", authguard.Config{})
 	codeFails.RegisterFlags(fs, "activation-failure", "activation codes (per tenant and per source)", adminapi.DefaultActivationFailures)
+	trustedProxies := fs.String("trusted-proxies", env("TRUSTED_PROXIES", ""), "reverse proxies (CIDRs or addresses, comma-separated) whose X-Forwarded-For names the client whose failures are throttled (env XIAOCLAW_TRUSTED_PROXIES)")
 	var tokens tokenList
 	fs.Var(&tokens, "operator-token", "static operator token TENANT=TOKEN or TENANT:ROLE=TOKEN (role admin, operator or viewer; default admin); repeatable (env XIAOCLAW_OPERATOR_TOKEN, comma-separated)")
 	if err := fs.Parse(args); err != nil {
@@ -82,6 +83,10 @@ func run(args []string) error {
 		}
 	}
 
+	proxies, err := authguard.ParsePrefixes(*trustedProxies)
+	if err != nil {
+		return fmt.Errorf("--trusted-proxies: %w", err)
+	}
 	auth, err := parseTokens(tokens)
 	if err != nil {
 		return err
@@ -119,6 +124,7 @@ func run(args []string) error {
 		Auth:             auth,
 		HandshakeTimeout: *handshake,
 		AuthFailures:     authFails,
+		TrustedProxies:   proxies,
 		MaxInvokeTimeout: *maxInvoke,
 		TracerProvider:   tp,
 		Registerer:       reg,
@@ -126,7 +132,7 @@ func run(args []string) error {
 	var be *backend
 	if *databaseURL != "" {
 		if be, err = openBackend(ctx, *databaseURL, nc, auth, *adminToken, *auditWriter, reg, log,
-			apiLimits{authFailures: authFails, activationFailures: codeFails}); err != nil {
+			apiLimits{authFailures: authFails, activationFailures: codeFails, trustedProxies: proxies}); err != nil {
 			return err
 		}
 		defer be.close()

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/netip"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -41,6 +42,7 @@ type backend struct {
 // apiLimits are the failure budgets of the admin and audit APIs.
 type apiLimits struct {
 	authFailures, activationFailures authguard.Config
+	trustedProxies                   []netip.Prefix
 }
 
 // openBackend connects to Postgres, applies pending migrations (idempotent
@@ -101,13 +103,13 @@ func openBackend(ctx context.Context, dsn string, nc *nats.Conn, static access.S
 	}
 	admin, err := adminapi.New(adminapi.Config{Manager: mgr, Operators: b.auth, Policy: b.policy, AdminTokens: admins,
 		Activator: adminapi.ActivationBinder(acts), AuthFailures: limits.authFailures,
-		ActivationFailures: limits.activationFailures, Log: log})
+		ActivationFailures: limits.activationFailures, TrustedProxies: limits.trustedProxies, Log: log})
 	if err != nil {
 		b.close()
 		return nil, err
 	}
 	auditAPI, err := auditapi.New(auditapi.Config{Store: b.audit, Operators: b.auth, AdminTokens: admins,
-		AuthFailures: limits.authFailures, Log: log})
+		AuthFailures: limits.authFailures, TrustedProxies: limits.trustedProxies, Log: log})
 	if err != nil {
 		b.close()
 		return nil, err

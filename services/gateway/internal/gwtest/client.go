@@ -88,7 +88,13 @@ func Dial(ctx context.Context, url string) (*Client, error) {
 // 127.0.0.0/8 address reaches a loopback listener: a second client
 // address); "" lets the system choose.
 func DialFrom(ctx context.Context, url, localIP string) (*Client, error) {
-	opts := &websocket.DialOptions{CompressionMode: websocket.CompressionDisabled}
+	return DialWith(ctx, url, localIP, nil)
+}
+
+// DialWith is DialFrom sending header with the upgrade request (e.g.
+// X-Forwarded-For, as a reverse proxy does).
+func DialWith(ctx context.Context, url, localIP string, header http.Header) (*Client, error) {
+	opts := &websocket.DialOptions{CompressionMode: websocket.CompressionDisabled, HTTPHeader: header}
 	if localIP != "" {
 		d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(localIP)}}
 		opts.HTTPClient = &http.Client{Transport: &http.Transport{DialContext: d.DialContext}}
