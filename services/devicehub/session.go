@@ -66,6 +66,7 @@ type session struct {
 	ended      bool
 	serverInfo *unique.Handle[string]
 	tools      *unique.Handle[string]
+	relist     relister
 }
 
 func (s *session) logAttrs() []any {
@@ -233,6 +234,9 @@ func (s *session) handleMCP(payload json.RawMessage) {
 			s.hub.log.Debug("devicehub: response to no pending call dropped", append(s.logAttrs(), "id", string(msg.ID))...)
 		}
 	case xzproto.KindNotification:
+		if msg.Method == methodToolsListChanged {
+			s.requestRelist()
+		}
 		ev := s.event(wire.DeviceNotification)
 		ev.Notification = payload
 		s.hub.publish(s.key, ev)

@@ -316,7 +316,7 @@ echo "hello $1, args $args, env $(env | grep -c .)"
 					NodeID  string `json:"nodeId"`
 					Event   string `json:"event"`
 					Payload struct {
-						Method string           `json:"method"`
+						Method string `json:"method"`
 						Params struct {
 							Tool    string `json:"tool"`
 							CallID  string `json:"callId"`
