@@ -311,7 +311,7 @@ func checkToolName(name string) error {
 	}
 	for _, r := range name {
 		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '_' || r == '-' || r == '.') {
-			return fmt.Errorf("name %q may hold only letters, digits, _ - and .", name)
+			return fmt.Errorf("name %q may hold only letters, digits, \"_\", \"-\" and \".\" characters", name)
 		}
 	}
 	return nil

@@ -215,10 +215,12 @@ echo "hello $1, args $args, env $(env | grep -c .)"
 		default:
 		}
 	})
+	started := time.Now()
 	a := startAgent(t, st, cfgPath, "02:ae:00:00:00:01", nil)
 	dev, _ := wire.CanonicalDevice(a.DeviceID())
 	node := wire.DeviceNodeID(dev)
 	names := waitTools(t, op, node, func(n []string) bool { return has(n, "greet", "weather", "shout") })
+	t.Logf("tools listed through the hub %s after the agent started", time.Since(started))
 	if has(names, "off") {
 		t.Fatalf("a tool with enable:false is listed: %v", names)
 	}
