@@ -135,6 +135,9 @@ type wsConn struct {
 	raw  net.Conn      // the hijacked TCP connection
 	br   *bufio.Reader // the WebSocket library reads through it too
 	sess *session
+	// plain: an MCP endpoint connection (endpoint.go): no hello, one bare
+	// JSON-RPC message per text frame instead of the XiaoZhi envelope.
+	plain bool
 
 	helloed atomic.Bool
 	queued  atomic.Int32
@@ -179,6 +182,9 @@ func (c *wsConn) run() {
 func (c *wsConn) handshake() bool {
 	h := c.hub
 	s := c.sess
+	if c.plain {
+		return c.startEndpoint()
+	}
 	_ = c.raw.SetReadDeadline(time.Now().Add(h.cfg.HelloTimeout))
 	frame, hello, err := c.readHello()
 	if err != nil {
@@ -295,6 +301,10 @@ func (c *wsConn) readFrame() error {
 	if err != nil {
 		return err
 	}
+	if c.plain {
+		c.sess.handleMCP(frame)
+		return nil
+	}
 	return c.sess.handleFrame(frame)
 }
 
@@ -326,6 +336,9 @@ func (c *wsConn) endReason(err error) (endCause, string) {
 
 // Send writes one JSON-RPC message in the XiaoZhi envelope.
 func (c *wsConn) Send(payload []byte) error {
+	if c.plain {
+		return c.writeText(payload)
+	}
 	return c.writeText(xzproto.AppendMCPFrame(make([]byte, 0, len(payload)+64), c.sess.id, payload))
 }
 

@@ -1,0 +1,106 @@
+package devstack
+
+import (
+	"context"
+	"io"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/coder/websocket"
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
+	"github.com/xiaoclaw/xiaoclaw/services/devicehub"
+)
+
+// wsServerTransport carries an MCP server over one WebSocket with one bare
+// JSON-RPC message per text frame: the XiaoZhi MCP endpoint framing that
+// mcp_pipe and xiaozhi-client speak.
+type wsServerTransport struct {
+	ws   *websocket.Conn
+	once sync.Once
+}
+
+func (t *wsServerTransport) Connect(context.Context) (mcp.Connection, error) { return t, nil }
+func (t *wsServerTransport) Read(ctx context.Context) (jsonrpc.Message, error) {
+	typ, b, err := t.ws.Read(ctx)
+	if err != nil {
+		return nil, io.EOF
+	}
+	if typ != websocket.MessageText {
+		return t.Read(ctx)
+	}
+	return jsonrpc.DecodeMessage(b)
+}
+func (t *wsServerTransport) Write(ctx context.Context, m jsonrpc.Message) error {
+	b, err := jsonrpc.EncodeMessage(m)
+	if err != nil {
+		return err
+	}
+	return t.ws.Write(ctx, websocket.MessageText, b)
+}
+func (t *wsServerTransport) Close() error {
+	t.once.Do(func() { t.ws.Close(websocket.StatusNormalClosure, "bye") })
+	return nil
+}
+func (t *wsServerTransport) SessionID() string { return "" }
+
+func endpointURL(st *Stack, token string) string {
+	return "ws://" + st.Hubs[0].DeviceAddr() + devicehub.EndpointPath + "?token=" + token
+}
+
+// TestEndpointToolHostBecomesNode: a program that is an MCP server (the
+// official Go SDK's) dials the hub's /mcp/ endpoint and becomes a node whose
+// tools operators call; a token without a valid device token is refused.
+func TestEndpointToolHostBecomesNode(t *testing.T) {
+	st := startStack(t, Config{Hubs: 1, Shims: 1, Gateways: 1})
+	op := operator(t, st.GatewayURL(0))
+	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	defer cancel()
+
+	if _, resp, err := websocket.Dial(ctx, endpointURL(st, "calc-host.wrong"), nil); err == nil || resp == nil || resp.StatusCode != 401 {
+		t.Fatalf("bad token: want HTTP 401, got %v", err)
+	}
+	if _, resp, err := websocket.Dial(ctx, endpointURL(st, testDeviceToken), nil); err == nil || resp == nil || resp.StatusCode != 401 {
+		t.Fatalf("token without a device id: want HTTP 401, got %v", err)
+	}
+
+	ws, _, err := websocket.Dial(ctx, endpointURL(st, devicehub.EndpointToken("calc-host", testDeviceToken)), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := mcp.NewServer(&mcp.Implementation{Name: "calculator", Version: "1"}, nil)
+	type addIn struct {
+		A int `json:"a"`
+		B int `json:"b"`
+	}
+	type addOut struct {
+		Sum int `json:"sum"`
+	}
+	mcp.AddTool(srv, &mcp.Tool{Name: "add", Description: "adds"}, func(_ context.Context, _ *mcp.CallToolRequest, in addIn) (*mcp.CallToolResult, addOut, error) {
+		return nil, addOut{Sum: in.A + in.B}, nil
+	})
+	ss, err := srv.Connect(context.Background(), &wsServerTransport{ws: ws}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ss.Close() })
+
+	node := wire.DeviceNodeID("calc-host")
+	waitTools(t, op, node, func(n []string) bool { return has(n, "add") })
+	p, err := invokeText(t, op, node, "add", map[string]int{"a": 2, "b": 40})
+	if err != nil || p.IsError || !strings.Contains(p.text(), `"sum":42`) {
+		t.Fatalf("add through the endpoint: %v %+v", err, p)
+	}
+
+	// A catalog change on the tool host reaches operators (list_changed).
+	mcp.AddTool(srv, &mcp.Tool{Name: "neg", Description: "negates"}, func(_ context.Context, _ *mcp.CallToolRequest, in addIn) (*mcp.CallToolResult, addOut, error) {
+		return nil, addOut{Sum: -in.A}, nil
+	})
+	waitTools(t, op, node, func(n []string) bool { return has(n, "add", "neg") })
+
+	ss.Close()
+	waitNodes(t, op, false, node)
+}
