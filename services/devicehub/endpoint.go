@@ -21,32 +21,9 @@ import (
 // Each connection is a node like a device's session.
 const EndpointPath = "/mcp/"
 
-// EndpointClientID is the Client-Id an endpoint token is minted for: an
-// endpoint token is "<device id>.<device token>", the device token minted
-// for (EndpointClientID, device id), so the token alone names and proves
-// the node identity.
-const EndpointClientID = "mcp-endpoint"
-
 // endpointHello is what the session records as its hello: the endpoint
 // has none, and operators see the transport it came by.
 const endpointHello = `{"type":"hello","transport":"mcp-endpoint","features":{"mcp":true}}`
-
-// ParseEndpointToken splits an endpoint token into the canonical device id
-// and the device token.
-func ParseEndpointToken(token string) (device, deviceToken string, err error) {
-	id, tok, ok := strings.Cut(token, ".")
-	if !ok || id == "" || tok == "" {
-		return "", "", errors.New("endpoint token is not <device id>.<device token>")
-	}
-	device, err = wire.CanonicalDevice(id)
-	if err != nil {
-		return "", "", err
-	}
-	return device, tok, nil
-}
-
-// EndpointToken builds the endpoint token of device from its device token.
-func EndpointToken(device, deviceToken string) string { return device + "." + deviceToken }
 
 // serveEndpoint authenticates an endpoint connection by its token and
 // runs it as a session.
@@ -59,21 +36,21 @@ func (h *hub) serveEndpoint(w http.ResponseWriter, r *http.Request) {
 	if token == "" {
 		token, _ = strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 	}
-	device, devToken, err := ParseEndpointToken(token)
+	device, devToken, err := deviceauth.ParseEndpointToken(token)
 	if err != nil {
-		h.authFailed(wire.TransportWebSocket, "", EndpointClientID, remoteIP, err.Error())
+		h.authFailed(wire.TransportWebSocket, "", deviceauth.EndpointClientID, remoteIP, err.Error())
 		h.refuse(w, http.StatusUnauthorized, "devicehub: MCP endpoint refused", "remote_ip", remoteIP, "reason", err.Error())
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), authTimeout)
 	tenant, err := h.cfg.Auth.AuthenticateDevice(ctx, deviceauth.Credentials{
 		Transport: wire.TransportWebSocket, Token: devToken, DeviceID: device,
-		ClientID: EndpointClientID, RemoteAddr: r.RemoteAddr,
+		ClientID: deviceauth.EndpointClientID, RemoteAddr: r.RemoteAddr,
 	})
 	cancel()
 	switch {
 	case errors.Is(err, deviceauth.ErrUnauthenticated):
-		h.authFailed(wire.TransportWebSocket, device, EndpointClientID, remoteIP, "unauthenticated")
+		h.authFailed(wire.TransportWebSocket, device, deviceauth.EndpointClientID, remoteIP, "unauthenticated")
 		h.refuse(w, http.StatusUnauthorized, "devicehub: MCP endpoint refused", "remote_ip", remoteIP, "device", device, "reason", "unauthenticated")
 		return
 	case err != nil:
@@ -103,7 +80,7 @@ func (h *hub) serveEndpoint(w http.ResponseWriter, r *http.Request) {
 	ws.SetReadLimit(int64(h.cfg.MaxFrameBytes))
 	c.ws = ws
 	s := &session{
-		hub: h, key: deviceKey{tenant, device}, deviceRaw: device, clientID: EndpointClientID,
+		hub: h, key: deviceKey{tenant, device}, deviceRaw: device, clientID: deviceauth.EndpointClientID,
 		remoteIP: remoteIP, userAgent: r.UserAgent(), transport: wire.TransportWebSocket, conn: c,
 	}
 	if len(s.userAgent) > 256 {

@@ -2,7 +2,9 @@ package devstack
 
 import (
 	"context"
+	"encoding/json"
 	"io"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -11,8 +13,11 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/xiaoclaw/xiaoclaw/pkg/deviceauth"
+	"github.com/xiaoclaw/xiaoclaw/pkg/tenancy"
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
 	"github.com/xiaoclaw/xiaoclaw/services/devicehub"
+	"github.com/xiaoclaw/xiaoclaw/services/gateway/adminapi"
 )
 
 // wsServerTransport carries an MCP server over one WebSocket with one bare
@@ -67,7 +72,7 @@ func TestEndpointToolHostBecomesNode(t *testing.T) {
 		t.Fatalf("token without a device id: want HTTP 401, got %v", err)
 	}
 
-	ws, _, err := websocket.Dial(ctx, endpointURL(st, devicehub.EndpointToken("calc-host", testDeviceToken)), nil)
+	ws, _, err := websocket.Dial(ctx, endpointURL(st, deviceauth.EndpointToken("calc-host", testDeviceToken)), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,4 +108,61 @@ func TestEndpointToolHostBecomesNode(t *testing.T) {
 
 	ss.Close()
 	waitNodes(t, op, false, node)
+}
+
+// TestEndpointTokenFromAdminAPI: a tenant admin mints an endpoint token
+// bound to one node; the tool host connecting with it is that node of that
+// tenant, and the token does not admit any other node identity.
+func TestEndpointTokenFromAdminAPI(t *testing.T) {
+	st := startStack(t, Config{Hubs: 1, Shims: 1, Gateways: 1})
+	acme := newTenant(t, st, "acme")
+	_, adminSecret, err := st.Tenancy.Manager.IssueToken(context.Background(), "acme", tenancy.TokenSpec{Name: "root", Role: "admin"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mint := func(body string) (int, adminapi.EndpointTokenResponse) {
+		req := httptest.NewRequest("POST", "/api/tenants/acme/endpoint-tokens", strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+adminSecret)
+		req.Header.Set("Content-Type", "application/json")
+		rec := httptest.NewRecorder()
+		st.Tenancy.AdminAPI.ServeHTTP(rec, req)
+		var res adminapi.EndpointTokenResponse
+		_ = json.Unmarshal(rec.Body.Bytes(), &res)
+		return rec.Code, res
+	}
+	if code, _ := mint(`{"nodeId":"not-a-node"}`); code != 400 {
+		t.Fatalf("bad node id: HTTP %d", code)
+	}
+	code, res := mint(`{"nodeId":"xz-calc-pi"}`)
+	if code != 201 || res.Device != "calc-pi" || res.NodeID != "xz-calc-pi" || !strings.HasPrefix(res.Token, "calc-pi.") {
+		t.Fatalf("mint: HTTP %d %+v", code, res)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	defer cancel()
+	_, sig, _ := strings.Cut(res.Token, ".")
+	if _, resp, err := websocket.Dial(ctx, endpointURL(st, deviceauth.EndpointToken("other-node", sig)), nil); err == nil || resp == nil || resp.StatusCode != 401 {
+		t.Fatalf("token moved to another node: want HTTP 401, got %v", err)
+	}
+	ws, _, err := websocket.Dial(ctx, endpointURL(st, res.Token), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := mcp.NewServer(&mcp.Implementation{Name: "pi", Version: "1"}, nil)
+	mcp.AddTool(srv, &mcp.Tool{Name: "uptime", Description: "uptime"}, func(context.Context, *mcp.CallToolRequest, struct{}) (*mcp.CallToolResult, any, error) {
+		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "up 3 days"}}}, nil, nil
+	})
+	ss, err := srv.Connect(context.Background(), &wsServerTransport{ws: ws}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ss.Close() })
+	op := dialAs(t, st.GatewayURL(0), acme.token, nil)
+	waitTools(t, op, "xz-calc-pi", func(n []string) bool { return has(n, "uptime") })
+	if p, err := invokeText(t, op, "xz-calc-pi", "uptime", map[string]any{}); err != nil || p.text() != "up 3 days" {
+		t.Fatalf("uptime: %v %+v", err, p)
+	}
+	devOp := operator(t, st.GatewayURL(0))
+	if _, ok := listNodes(t, devOp)["xz-calc-pi"]; ok {
+		t.Fatal("another tenant lists acme's endpoint node")
+	}
 }

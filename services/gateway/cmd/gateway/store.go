@@ -93,8 +93,16 @@ func openBackend(ctx context.Context, dsn string, nc *nats.Conn, static access.S
 		b.close()
 		return nil, fmt.Errorf("activations: %w", err)
 	}
+	// Mints MCP endpoint tokens with the tenants' device keys (cached with
+	// the store's TTL; after a key rotation the old key still verifies for
+	// its overlap).
+	devs, err := tenancy.NewDeviceAuth(b.tenancy, tenancy.DeviceAuthConfig{}, log)
+	if err != nil {
+		b.close()
+		return nil, err
+	}
 	admin, err := adminapi.New(adminapi.Config{Manager: mgr, Operators: b.auth, Policy: b.policy, AdminTokens: admins,
-		Activator: adminapi.ActivationBinder(acts), Log: log})
+		Activator: adminapi.ActivationBinder(acts), DeviceTokens: devs, Log: log})
 	if err != nil {
 		b.close()
 		return nil, err
