@@ -363,3 +363,32 @@ echo "hello $1, args $args, env $(env | grep -c .)"
 		}
 	})
 }
+
+// TestAgentReconnects: when its hub goes away, the agent reconnects (with
+// backoff) to the hub that comes back at the same address, and its tools are
+// callable again.
+func TestAgentReconnects(t *testing.T) {
+	st := startStack(t, Config{Hubs: 1, Shims: 1, Gateways: 1})
+	dir := t.TempDir()
+	cfgPath := filepath.Join(dir, "agent.json")
+	if err := os.WriteFile(cfgPath, []byte(`{"mcp":{"tools":[{"name":"hi","type":"subprocess","executable":"/bin/echo","args":["hi"]}]}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	op := operator(t, st.GatewayURL(0))
+	startAgent(t, st, cfgPath, "02:ae:00:00:00:02", nil)
+	node := "xz-02ae00000002"
+	waitTools(t, op, node, func(n []string) bool { return has(n, "hi") })
+
+	addr := st.Hubs[0].DeviceAddr()
+	if err := st.Component("hub-1").Stop(); err != nil {
+		t.Logf("hub stopped: %v", err)
+	}
+	waitNodes(t, op, false, node)
+	if _, err := st.AddHub("hub-1b", addr, ""); err != nil {
+		t.Fatal(err)
+	}
+	waitTools(t, op, node, func(n []string) bool { return has(n, "hi") })
+	if p, err := invokeText(t, op, node, "hi", nil); err != nil || p.text() != "hi" {
+		t.Fatalf("after reconnect: %v %+v", err, p)
+	}
+}
