@@ -351,6 +351,30 @@ echo "hello $1, args $args, env $(env | grep -c .)"
 		}
 		names := waitTools(t, op, node, func(n []string) bool { return has(n, "now_on", "translate2") && !has(n, "translate") })
 		t.Logf("tools after reload: %v", names)
+		// Operators learn what changed.
+		deadline := time.After(waitLimit)
+	scan:
+		for {
+			select {
+			case e := <-events:
+				var ev struct {
+					NodeID  string `json:"nodeId"`
+					Event   string `json:"event"`
+					Payload struct {
+						Added, Removed, Changed []string
+					} `json:"payload"`
+				}
+				if json.Unmarshal(e.Payload, &ev) != nil || ev.NodeID != node || ev.Event != wire.EventToolsChanged {
+					continue
+				}
+				if has(ev.Payload.Added, "now_on", "translate2") && has(ev.Payload.Removed, "translate") {
+					break scan
+				}
+				t.Logf("tools change %s", e.Payload)
+			case <-deadline:
+				t.Fatal("no mcp.tools.changed event naming the added and removed tools")
+			}
+		}
 		// A broken file keeps the running configuration.
 		if err := os.WriteFile(cfgPath, []byte(`{"mcp":{"tools":[{"name":"x","type":"nope"}]}}`), 0o600); err != nil {
 			t.Fatal(err)
