@@ -44,6 +44,9 @@ const (
 	DefaultPingInterval = 30 * time.Second
 	DefaultReloadPoll   = 2 * time.Second
 	maxPendingNotices   = 256
+	// MaxBackground bounds the background runs in progress; a call beyond
+	// it is refused rather than starting one more process.
+	MaxBackground = 32
 )
 
 // Options configure an Agent.
@@ -90,6 +93,7 @@ type Agent struct {
 	pending [][]byte      // notifications waiting for a session
 
 	calls   atomic.Int64
+	bgRuns  atomic.Int64
 	bg      sync.WaitGroup
 	bgCtx   context.Context
 	stopBg  context.CancelFunc
@@ -491,10 +495,15 @@ func (a *Agent) localHandler(t *LocalTool) mcp.ToolHandler {
 			return nil, invalidParams(err)
 		}
 		if t.background {
+			if a.bgRuns.Add(1) > MaxBackground {
+				a.bgRuns.Add(-1)
+				return nil, fmt.Errorf("tool %s: %d background runs are in progress; try again later", t.Name, MaxBackground)
+			}
 			id := "call-" + strconv.FormatInt(a.calls.Add(1), 10)
 			a.bg.Add(1)
 			go func() {
 				defer a.bg.Done()
+				defer a.bgRuns.Add(-1)
 				out, err := runLocal(a.bgCtx, t, args, a.opts.Env)
 				if t.notify {
 					a.notifyCompletion(t.Name, id, out, err)

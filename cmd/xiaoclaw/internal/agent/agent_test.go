@@ -325,3 +325,17 @@ func BenchmarkDirectExec(b *testing.B) {
 		}
 	}
 }
+
+func TestBackgroundRunsBounded(t *testing.T) {
+	a, cs := newTestAgent(t, `{"mcp":{"tools":[{"name":"bg","type":"subprocess","mode":"background","timeout_ms":10000,
+		"executable":"/bin/sleep","args":["10"],"notify":{"type":"disabled"}}]}}`)
+	for i := range MaxBackground {
+		if r, err := call(t, cs, "bg", nil); err != nil || !strings.Contains(text(r), "started") {
+			t.Fatalf("run %d: %v", i, err)
+		}
+	}
+	if _, err := call(t, cs, "bg", nil); err == nil || !strings.Contains(err.Error(), "background runs are in progress") {
+		t.Fatalf("run beyond the bound: %v", err)
+	}
+	a.stopBg() // the runs end with the agent
+}
