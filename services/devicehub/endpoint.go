@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"time"
 	"unique"
 
 	"github.com/coder/websocket"
@@ -109,5 +110,28 @@ func (c *wsConn) startEndpoint() bool {
 	}
 	h.log.Info("devicehub: MCP endpoint session started", append(s.logAttrs(), "remote_ip", s.remoteIP)...)
 	s.startMCP()
+	go c.keepEndpointAlive()
 	return true
+}
+
+// keepEndpointAlive sends an MCP ping every third of IdleTimeout, as the
+// XiaoZhi cloud does: tool hosts such as xiaozhi-client send nothing while
+// idle and expect the server to probe them. The answer extends the idle
+// deadline; a host that does not answer is cut at IdleTimeout as usual.
+func (c *wsConn) keepEndpointAlive() {
+	interval := c.hub.cfg.IdleTimeout / 3
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for range t.C {
+		if c.closing.Load() != nil {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), interval)
+		_, err := c.sess.mcp.Call(ctx, "ping", nil)
+		cancel()
+		var f *wire.Fault
+		if errors.As(err, &f) && f.Code == wire.FaultDisconnected {
+			return
+		}
+	}
 }

@@ -7,6 +7,8 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"time"
 	"testing"
 
 	"github.com/coder/websocket"
@@ -164,5 +166,51 @@ func TestEndpointTokenFromAdminAPI(t *testing.T) {
 	devOp := operator(t, st.GatewayURL(0))
 	if _, ok := listNodes(t, devOp)["xz-calc-pi"]; ok {
 		t.Fatal("another tenant lists acme's endpoint node")
+	}
+}
+
+// TestEndpointKeptAliveByHubPings: a tool host that sends nothing while
+// idle (as xiaozhi-client) stays connected past the hub's idle limit, since
+// the hub probes it with MCP pings as the XiaoZhi cloud does.
+func TestEndpointKeptAliveByHubPings(t *testing.T) {
+	idle := 900 * time.Millisecond
+	st := startStack(t, Config{Hubs: 1, Shims: 1, Gateways: 1, TuneHub: func(c *devicehub.Config) { c.IdleTimeout = idle }})
+	op := operator(t, st.GatewayURL(0))
+	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	defer cancel()
+	ws, _, err := websocket.Dial(ctx, endpointURL(st, deviceauth.EndpointToken("quiet-host", testDeviceToken)), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := mcp.NewServer(&mcp.Implementation{Name: "quiet", Version: "1"}, nil)
+	mcp.AddTool(srv, &mcp.Tool{Name: "still", Description: "still there"}, func(context.Context, *mcp.CallToolRequest, struct{}) (*mcp.CallToolResult, any, error) {
+		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "yes"}}}, nil, nil
+	})
+	var pings atomic.Int64
+	srv.AddReceivingMiddleware(func(next mcp.MethodHandler) mcp.MethodHandler {
+		return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+			if method == "ping" {
+				pings.Add(1)
+			}
+			return next(ctx, method, req)
+		}
+	})
+	ss, err := srv.Connect(context.Background(), &wsServerTransport{ws: ws}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ss.Close() })
+	node := wire.DeviceNodeID("quiet-host")
+	waitTools(t, op, node, func(n []string) bool { return has(n, "still") })
+	// Stay silent for three idle limits: only the hub's pings keep the session.
+	deadline := time.Now().Add(waitLimit)
+	for pings.Load() < 6 {
+		if time.Now().After(deadline) {
+			t.Fatalf("only %d pings from the hub", pings.Load())
+		}
+		time.Sleep(20 * time.Millisecond) // polling for the hub's pings
+	}
+	if p, err := invokeText(t, op, node, "still", map[string]any{}); err != nil || p.text() != "yes" {
+		t.Fatalf("after %d pings: %v %+v", pings.Load(), err, p)
 	}
 }
