@@ -416,3 +416,52 @@ func TestAgentReconnects(t *testing.T) {
 		t.Fatalf("after reconnect: %v %+v", err, p)
 	}
 }
+
+// TestAgentBootsThroughOTA: with --ota the agent boots like the firmware
+// (OTA request, activation, then the transport and credentials the reply
+// names) and serves its tools.
+func TestAgentBootsThroughOTA(t *testing.T) {
+	t.Run("websocket", func(t *testing.T) { testAgentOTA(t, "", "02:ae:00:00:00:03") })
+	// With a broker the OTA reply names MQTT, which the agent then uses.
+	t.Run("mqtt", func(t *testing.T) { testAgentOTA(t, "127.0.0.1:0", "02:ae:00:00:00:04") })
+}
+
+func testAgentOTA(t *testing.T, mqttAddr, mac string) {
+	st := startStack(t, Config{Hubs: 1, Shims: 1, Gateways: 1, AutoActivate: true, MQTTAddr: mqttAddr})
+	cfgPath := filepath.Join(t.TempDir(), "agent.json")
+	if err := os.WriteFile(cfgPath, []byte(`{"mcp":{"tools":[{"name":"hi","type":"subprocess","executable":"/bin/echo","args":["via ota"]}]}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	events := make(chan occlient.Event, 64)
+	op := dialAs(t, st.GatewayURL(0), testOperatorToken, func(e occlient.Event) {
+		select {
+		case events <- e:
+		default:
+		}
+	})
+	startAgent(t, st, cfgPath, mac, func(o *agent.Options) { o.URL, o.Token, o.OTAURL = "", "", st.OTAURL(0) })
+	dev, _ := wire.CanonicalDevice(mac)
+	node := wire.DeviceNodeID(dev)
+	waitTools(t, op, node, func(n []string) bool { return has(n, "hi") })
+	if p, err := invokeText(t, op, node, "hi", nil); err != nil || p.text() != "via ota" {
+		t.Fatalf("call: %v %+v", err, p)
+	}
+	want := `"transport":"websocket"`
+	if mqttAddr != "" {
+		want = `"transport":"mqtt"`
+	}
+	deadline := time.After(waitLimit)
+	for {
+		select {
+		case e := <-events:
+			if strings.Contains(string(e.Payload), `"event":"node.connected"`) && strings.Contains(string(e.Payload), node) {
+				if !strings.Contains(string(e.Payload), want) {
+					t.Fatalf("node.connected %s, want %s", e.Payload, want)
+				}
+				return
+			}
+		case <-deadline:
+			t.Fatal("no node.connected event")
+		}
+	}
+}
