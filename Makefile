@@ -65,6 +65,7 @@ bench-openclaw: ## node.invoke latency: the real OpenClaw gateway vs xiaoclaw, s
 
 interop: ## run the real OpenClaw CLI and node host against xiaoclaw (installs OpenClaw from npm)
 	bash ../shared/tools/openclaw/openclaw-ref.sh install
+	cd "$${OCL:-$${TMPDIR:-/tmp}/openclaw-ref}" && { [ -x node_modules/.bin/mcp-server-everything ] || npm install --no-audit --no-fund @modelcontextprotocol/server-everything@2026.8.31; }
 	$(GO) test -count=1 -tags interop -run Interop -timeout 10m $(PKGS)
 
 jaeger: ## build (once) and start a local Jaeger on 127.0.0.1: OTLP 4317/4318, query API 16686
