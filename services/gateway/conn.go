@@ -115,7 +115,7 @@ func (s *Service) serveWebSocket(w http.ResponseWriter, r *http.Request) {
 	handshake := time.AfterFunc(s.cfg.HandshakeTimeout, func() {
 		if !c.helloDone.Load() {
 			s.log.Debug("handshake timeout", "conn", c.id, "remote", c.remoteIP)
-			c.closeWith(protocol.CloseNoStatus, "")
+			c.closeWith(protocol.ClosePolicyViolation, protocol.ReasonHandshakeTimeout+": no connect within "+s.cfg.HandshakeTimeout.String())
 		}
 	})
 	c.readLoop()

@@ -34,7 +34,6 @@ const (
 // WebSocket close codes and reasons OpenClaw uses.
 const (
 	CloseNormal          = 1000
-	CloseNoStatus        = 1005 // an empty close frame, as the handshake timeout sends
 	CloseProtocolError   = 1002
 	ClosePolicyViolation = 1008
 	CloseTooBig          = 1009
@@ -48,6 +47,10 @@ const (
 	ReasonRepeatedUnauthorized = "repeated unauthorized calls"
 	ReasonDeviceRequired       = "device identity required"
 	ReasonReplaced             = "node replaced by a newer connection"
+	// ReasonHandshakeTimeout prefixes the close reason of a socket that
+	// did not complete connect in time (OpenClaw sends an empty close
+	// frame, which tells the client nothing).
+	ReasonHandshakeTimeout = "handshake timeout"
 
 	// CloseAuthChanged closes a connection whose credential no longer
 	// holds (revoked token, suspended tenant), as OpenClaw does when its
