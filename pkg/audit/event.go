@@ -25,6 +25,7 @@ import (
 // Event kinds.
 const (
 	KindInvoke            = "node.invoke"          // one node.invoke, whatever its outcome
+	KindInvokeAttempt     = "node.invoke.attempt"  // a node.invoke allowed and about to reach its node
 	KindOperatorConnect   = "operator.connect"     // an operator or node host completed connect
 	KindOperatorAuthFail  = "operator.auth_failed" // a connect was refused for its credential
 	KindDeviceConnect     = "device.connect"       // a device session came up on a devicehub

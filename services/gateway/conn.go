@@ -57,7 +57,7 @@ type conn struct {
 	token     string // the credential, to re-check it when the tenancy changes
 	nodeID    string // role node: the device id
 	nodeHost  *nodeHost
-	inflight  atomic.Int64
+	inflight  atomic.Int64 // requests running off the read loop (admit)
 
 	unauthorizedStreak int // read loop only
 }
@@ -271,6 +271,43 @@ func truncateUTF8(s string, n int) string {
 		n--
 	}
 	return s[:n]
+}
+
+// admit counts a request that runs off the read loop (node.invoke, and the
+// listings, which ask the policy) against the connection's requests in
+// flight; the request's goroutine gives it back with inflight.Add(-1). At
+// MaxInflightPerConn a request is still taken, to be refused (overCap); a
+// client that keeps sending at twice the cap is closed, which bounds what
+// one connection can make the gateway hold. ok is false when the
+// connection is being closed.
+func (c *conn) admit() (overCap, ok bool) {
+	max := int64(c.s.cfg.MaxInflightPerConn)
+	n := c.inflight.Add(1)
+	if n > 2*max {
+		c.inflight.Add(-1)
+		c.s.log.Info("closing connection: too many requests in flight", "conn", c.id, "remote", c.remoteIP)
+		c.closeWith(protocol.ClosePolicyViolation, protocol.ReasonTooManyInflight)
+		return false, false
+	}
+	return n > max, true
+}
+
+// goHandle runs a handler that may wait on another service (the policy
+// store) on a goroutine, so the read loop stays free for the next frame.
+func (c *conn) goHandle(handle func(*conn, protocol.Request), req protocol.Request) {
+	overCap, ok := c.admit()
+	if !ok {
+		return
+	}
+	if overCap {
+		c.inflight.Add(-1)
+		c.respondError(req.ID, protocol.Unavailable("too many requests in flight on this connection", true))
+		return
+	}
+	c.s.workers.Go(func() {
+		defer c.inflight.Add(-1)
+		handle(c, req)
+	})
 }
 
 // respond queues a successful response.

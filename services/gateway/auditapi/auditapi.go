@@ -20,6 +20,7 @@ import (
 	"crypto/subtle"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"strconv"
@@ -40,12 +41,15 @@ func InvokeAuditor(p *audit.Publisher) gateway.Auditor { return invokeAuditor{p}
 
 type invokeAuditor struct{ p *audit.Publisher }
 
-// AuditInvoke publishes a and waits for the stream's acknowledgement.
+// AuditInvoke publishes r and waits for the stream's acknowledgement.
 func (a invokeAuditor) AuditInvoke(ctx context.Context, r gateway.InvokeAudit) error {
 	return a.p.Publish(ctx, InvokeEvent(r))
 }
 
-// InvokeEvent converts the gateway's record of a node.invoke.
+// InvokeEvent converts the gateway's record of a node.invoke: an attempt
+// becomes a node.invoke.attempt event, an outcome the call's node.invoke
+// event. Both ids are the call's arrival time in ms (12 hex digits, so they
+// sort as audit.NewID's do) and its CallID; the attempt's ends in "-attempt".
 func InvokeEvent(r gateway.InvokeAudit) audit.Event {
 	e := audit.Event{
 		Time: r.Time, Kind: audit.KindInvoke, Tenant: r.Principal.Tenant, Principal: r.Principal.ID,
@@ -59,6 +63,15 @@ func InvokeEvent(r gateway.InvokeAudit) audit.Event {
 		e.Decision = audit.DecisionAllow
 	case r.Outcome == gateway.OutcomeDenied:
 		e.Decision = audit.DecisionDeny
+	}
+	if r.CallID != "" {
+		e.ID = fmt.Sprintf("%012x%s", r.Time.UnixMilli(), r.CallID)
+	}
+	if r.Attempt {
+		e.Kind = audit.KindInvokeAttempt
+		if e.ID != "" {
+			e.ID += "-attempt"
+		}
 	}
 	return e
 }

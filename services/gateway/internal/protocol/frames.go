@@ -51,6 +51,9 @@ const (
 	// did not complete connect in time (OpenClaw sends an empty close
 	// frame, which tells the client nothing).
 	ReasonHandshakeTimeout = "handshake timeout"
+	// ReasonTooManyInflight closes a connection that keeps sending
+	// requests at twice its in-flight cap.
+	ReasonTooManyInflight = "too many requests in flight"
 
 	// CloseAuthChanged closes a connection whose credential no longer
 	// holds (revoked token, suspended tenant), as OpenClaw does when its
