@@ -88,6 +88,10 @@ type Event struct {
 	Detail         string          `json:"detail,omitempty"`   // reason, remote address, change id
 }
 
+// AttemptID is the id of a call's node.invoke.attempt event, given the id
+// of its node.invoke (outcome) event.
+func AttemptID(invokeID string) string { return invokeID + "-attempt" }
+
 // NewID returns a new event id: 12 hex digits of Unix milliseconds and 16
 // random hex digits, so ids sort roughly by time and never collide.
 func NewID() string {

@@ -203,6 +203,7 @@ func (w *Writer) commit(ctx context.Context, msgs []jetstream.Msg) {
 		events = append(events, e)
 		keep = append(keep, m)
 	}
+	events = dropSupersededAttempts(events)
 	if len(events) == 0 {
 		return
 	}
@@ -266,4 +267,31 @@ func (w *Writer) pause(ctx context.Context, d time.Duration) bool {
 	case <-t.C:
 		return true
 	}
+}
+
+// dropSupersededAttempts leaves out the node.invoke.attempt events whose
+// node.invoke outcome is in the same batch: the outcome row holds all the
+// attempt said, so a call normally leaves one row, and an attempt row stays
+// only for a call whose outcome was not recorded with it (in flight, lost
+// with its gateway, or in a later batch).
+func dropSupersededAttempts(events []Event) []Event {
+	var outcomes map[string]bool
+	for i := range events {
+		if events[i].Kind == KindInvoke {
+			if outcomes == nil {
+				outcomes = make(map[string]bool, len(events))
+			}
+			outcomes[AttemptID(events[i].ID)] = true
+		}
+	}
+	if outcomes == nil {
+		return events
+	}
+	kept := events[:0]
+	for _, e := range events {
+		if e.Kind != KindInvokeAttempt || !outcomes[e.ID] {
+			kept = append(kept, e)
+		}
+	}
+	return kept
 }

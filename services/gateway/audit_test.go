@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/xiaoclaw/xiaoclaw/pkg/access"
 	"github.com/xiaoclaw/xiaoclaw/pkg/audit"
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
@@ -85,18 +87,14 @@ func TestAuditUnavailableRefusesBeforeTheNodeActs(t *testing.T) {
 	}
 }
 
-// TestAuditTrailAttemptAndOutcome: a sent call leaves its attempt and one
-// row in audit_invocations; a denial one row in audit_invocations and
-// audit_denials, and no attempt.
+// TestAuditTrailAttemptAndOutcome: a call's attempt is on record while the
+// device acts; once answered, audit_invocations has one row per call with
+// its outcome, and a denial one row in audit_invocations and audit_denials
+// and no attempt.
 func TestAuditTrailAttemptAndOutcome(t *testing.T) {
 	ctx := context.Background()
 	e := newAuditedEnv(t)
-	store, invoke := e.store, e.invoke
-	payload[map[string]any](t, invoke("r-ok", "self.audio_speaker.set_volume"))
-	if fe := failure(t, invoke("r-deny", "self.reboot")); fe.DetailCode() != "POLICY_DENIED" {
-		t.Fatalf("got %+v", fe)
-	}
-	db := store.DB()
+	db := e.store.DB()
 	count := func(q string) int {
 		var n int
 		if err := db.QueryRowContext(ctx, q).Scan(&n); err != nil {
@@ -104,31 +102,52 @@ func TestAuditTrailAttemptAndOutcome(t *testing.T) {
 		}
 		return n
 	}
-	eventually(t, "both calls' rows written", func() bool {
-		return count(`SELECT count(*) FROM audit_events WHERE tenant = 'acme'`) == 3
+
+	// The device holds the call: its attempt is stored, its outcome is not.
+	release := make(chan struct{})
+	e.shim.sub.Unsubscribe()
+	e.shim = e.env.shim(tenantAcme, func(req wire.InvokeRequest, m *nats.Msg) {
+		<-release
+		echoShim(req, m)
 	})
-	if n := count(`SELECT count(*) FROM audit_invocations WHERE tenant = 'acme'`); n != 2 {
-		t.Fatalf("audit_invocations has %d rows, want one per call", n)
+	answered := make(chan gwtest.Frame, 1)
+	go func() { answered <- e.invoke("r-ok", "self.audio_speaker.set_volume") }()
+	eventually(t, "the attempt stored while the device acts", func() bool {
+		return count(`SELECT count(*) FROM audit_events WHERE kind = 'node.invoke.attempt' AND request_id = 'r-ok'`) == 1
+	})
+	if e.shim.count() != 1 || count(`SELECT count(*) FROM audit_invocations`) != 0 {
+		t.Fatalf("shim calls %d; invocations %d", e.shim.count(), count(`SELECT count(*) FROM audit_invocations`))
 	}
+	close(release)
+	payload[map[string]any](t, <-answered)
+
+	if fe := failure(t, e.invoke("r-deny", "self.reboot")); fe.DetailCode() != "POLICY_DENIED" {
+		t.Fatalf("got %+v", fe)
+	}
+	eventually(t, "both calls' outcomes stored", func() bool {
+		return count(`SELECT count(*) FROM audit_invocations WHERE tenant = 'acme'`) == 2
+	})
 	if n := count(`SELECT count(*) FROM audit_denials WHERE tenant = 'acme' AND tool = 'self.reboot' AND rule = 'rule-no-reboot'`); n != 1 {
 		t.Fatalf("audit_denials has %d rows for the denial", n)
 	}
-	var outcome, decision, args, attemptID, outcomeID, attemptArgs, attemptDecision, attemptOutcome string
-	if err := db.QueryRowContext(ctx, `SELECT id, outcome, decision, args FROM audit_invocations WHERE request_id = 'r-ok'`).
-		Scan(&outcomeID, &outcome, &decision, &args); err != nil {
+	if n := count(`SELECT count(*) FROM audit_events WHERE kind = 'node.invoke.attempt' AND request_id = 'r-deny'`); n != 0 {
+		t.Fatalf("a denied call has %d attempt rows", n)
+	}
+	var outcome, decision, args, attemptID, outcomeID, attemptArgs, attemptDecision, attemptOutcome, attemptTrace, outcomeTrace string
+	if err := db.QueryRowContext(ctx, `SELECT id, outcome, decision, args, trace_id FROM audit_invocations WHERE request_id = 'r-ok'`).
+		Scan(&outcomeID, &outcome, &decision, &args, &outcomeTrace); err != nil {
 		t.Fatal(err)
 	}
-	if err := db.QueryRowContext(ctx, `SELECT id, decision, outcome, args FROM audit_events WHERE kind = 'node.invoke.attempt' AND request_id = 'r-ok'`).
-		Scan(&attemptID, &attemptDecision, &attemptOutcome, &attemptArgs); err != nil {
+	if err := db.QueryRowContext(ctx, `SELECT id, decision, outcome, args, trace_id FROM audit_events WHERE kind = 'node.invoke.attempt' AND request_id = 'r-ok'`).
+		Scan(&attemptID, &attemptDecision, &attemptOutcome, &attemptArgs, &attemptTrace); err != nil {
 		t.Fatal(err)
 	}
 	if outcome != "ok" || decision != "allow" || args != `{"password":"[REDACTED]","volume":30}` {
 		t.Fatalf("outcome row: %s %s %s", outcome, decision, args)
 	}
-	if attemptID != outcomeID+"-attempt" || attemptDecision != "allow" || attemptOutcome != "" || attemptArgs != args {
-		t.Fatalf("attempt row %s %s %q %s for outcome %s", attemptID, attemptDecision, attemptOutcome, attemptArgs, outcomeID)
+	if attemptID != audit.AttemptID(outcomeID) || attemptDecision != "allow" || attemptOutcome != "" || attemptArgs != args || attemptTrace != outcomeTrace {
+		t.Fatalf("attempt row %s %s %q %s %s for outcome %s %s", attemptID, attemptDecision, attemptOutcome, attemptArgs, attemptTrace, outcomeID, outcomeTrace)
 	}
-
 }
 
 // hold blocks the calls to one tool until released.

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -59,7 +60,26 @@ type conn struct {
 	nodeHost  *nodeHost
 	inflight  atomic.Int64 // requests running off the read loop (admit)
 
-	unauthorizedStreak int // read loop only
+	unauthorizedStreak int  // read loop only
+	slotHeld           bool // counted in perToken and perTenant (under s.mu)
+}
+
+// takeConnSlot counts an authenticated connection against the caps of its
+// token and tenant on this replica, or returns the refusal.
+func (s *Service) takeConnSlot(c *conn) *protocol.Error {
+	p := c.principal
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case s.perToken[p.ID] >= s.cfg.MaxConnsPerToken:
+		return protocol.TooManyConnections("token", s.cfg.MaxConnsPerToken)
+	case s.perTenant[p.Tenant] >= s.cfg.MaxConnsPerTenant:
+		return protocol.TooManyConnections("tenant", s.cfg.MaxConnsPerTenant)
+	}
+	s.perToken[p.ID]++
+	s.perTenant[p.Tenant]++
+	c.slotHeld = true
+	return nil
 }
 
 // serveWebSocket accepts a client and runs its read loop.
@@ -80,9 +100,9 @@ func (s *Service) serveWebSocket(w http.ResponseWriter, r *http.Request) {
 		s.log.Debug("websocket accept", "err", err)
 		return
 	}
-	// The pre-auth cap is enforced by the read loop with OpenClaw's close
-	// reason; the library limit is the post-hello cap.
-	ws.SetReadLimit(s.cfg.MaxPayload)
+	// The read loop enforces both caps (pre-auth and MaxPayload) with a
+	// close reason that names them; the library limit is a backstop.
+	ws.SetReadLimit(s.cfg.MaxPayload + 1)
 	host, _, _ := net.SplitHostPort(r.RemoteAddr)
 	ip := net.ParseIP(host)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -141,9 +161,16 @@ func (c *conn) readLoop() {
 			if err != nil {
 				return
 			}
-		} else if _, err := buf.ReadFrom(r); err != nil {
-			// Over MaxPayload the library has closed the socket with 1009.
-			return
+		} else {
+			n, err := buf.ReadFrom(io.LimitReader(r, c.s.cfg.MaxPayload+1))
+			if n > c.s.cfg.MaxPayload {
+				c.s.log.Info("closing connection: frame over maxPayload", "conn", c.id, "remote", c.remoteIP)
+				c.closeWith(protocol.CloseTooBig, protocol.ReasonPayloadTooLarge+": frame over "+strconv.FormatInt(c.s.cfg.MaxPayload, 10)+" bytes (policy.maxPayload)")
+				return
+			}
+			if err != nil {
+				return
+			}
 		}
 		c.handleFrame(buf.Bytes())
 		if buf.Cap() > 1<<20 {
@@ -170,6 +197,16 @@ func (c *conn) finish() {
 	s := c.s
 	s.mu.Lock()
 	delete(s.conns, c)
+	if c.slotHeld {
+		s.perToken[c.principal.ID]--
+		if s.perToken[c.principal.ID] == 0 {
+			delete(s.perToken, c.principal.ID)
+		}
+		s.perTenant[c.principal.Tenant]--
+		if s.perTenant[c.principal.Tenant] == 0 {
+			delete(s.perTenant, c.principal.Tenant)
+		}
+	}
 	if c.role == protocol.RoleOperator && c.helloDone.Load() {
 		if set := s.operators[c.principal.Tenant]; set != nil {
 			delete(set, c)

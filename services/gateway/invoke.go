@@ -56,6 +56,10 @@ func (c *conn) handleNodeInvoke(req protocol.Request) {
 	}
 	call.inv = inv
 	call.audit.NodeID, call.audit.Command, call.audit.IdempotencyKey = inv.NodeID, inv.Command, inv.IdempotencyKey
+	if len(inv.Params) > s.cfg.MaxInvokeParams {
+		call.reject(protocol.PayloadTooLarge(len(inv.Params), s.cfg.MaxInvokeParams), OutcomeRejected)
+		return
+	}
 	if protocol.IsExecApprovalsCommand(inv.Command) {
 		call.reject(protocol.ExecApprovalsNotInvokable(inv.Command), OutcomeRejected)
 		return

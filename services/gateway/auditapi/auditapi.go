@@ -48,8 +48,9 @@ func (a invokeAuditor) AuditInvoke(ctx context.Context, r gateway.InvokeAudit) e
 
 // InvokeEvent converts the gateway's record of a node.invoke: an attempt
 // becomes a node.invoke.attempt event, an outcome the call's node.invoke
-// event. Both ids are the call's arrival time in ms (12 hex digits, so they
-// sort as audit.NewID's do) and its CallID; the attempt's ends in "-attempt".
+// event. The outcome's id is the call's arrival time in ms (12 hex digits,
+// so ids sort as audit.NewID's do) and its CallID; the attempt's is
+// audit.AttemptID of it.
 func InvokeEvent(r gateway.InvokeAudit) audit.Event {
 	e := audit.Event{
 		Time: r.Time, Kind: audit.KindInvoke, Tenant: r.Principal.Tenant, Principal: r.Principal.ID,
@@ -70,7 +71,7 @@ func InvokeEvent(r gateway.InvokeAudit) audit.Event {
 	if r.Attempt {
 		e.Kind = audit.KindInvokeAttempt
 		if e.ID != "" {
-			e.ID += "-attempt"
+			e.ID = audit.AttemptID(e.ID)
 		}
 	}
 	return e

@@ -40,6 +40,7 @@ const (
 	CloseServiceRestart  = 1012
 
 	ReasonPreauthTooLarge      = "preauth payload too large"
+	ReasonPayloadTooLarge      = "payload too large"
 	ReasonProtocolMismatch     = "protocol mismatch"
 	ReasonInvalidRole          = "invalid role"
 	ReasonServiceRestart       = "service restart"
