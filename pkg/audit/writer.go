@@ -1,6 +1,7 @@
 package audit
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -187,12 +188,7 @@ func (w *Writer) commit(ctx context.Context, msgs []jetstream.Msg) {
 	events := make([]Event, 0, len(msgs))
 	keep := msgs[:0:0]
 	for _, m := range msgs {
-		var e Event
-		err := json.Unmarshal(m.Data(), &e)
-		if err == nil {
-			e.normalize()
-			err = e.Validate()
-		}
+		got, err := decodeMessage(m.Data())
 		if err != nil {
 			// Retrying cannot make it storable: drop it loudly.
 			w.log.Error("audit writer: dropping an event that cannot be stored", "subject", m.Subject(), "err", err,
@@ -200,7 +196,7 @@ func (w *Writer) commit(ctx context.Context, msgs []jetstream.Msg) {
 			_ = m.Term()
 			continue
 		}
-		events = append(events, e)
+		events = append(events, got...)
 		keep = append(keep, m)
 	}
 	events = dropSupersededAttempts(events)
@@ -294,4 +290,32 @@ func dropSupersededAttempts(events []Event) []Event {
 		}
 	}
 	return kept
+}
+
+// decodeMessage reads a stream message: one event, or a JSON array of
+// events (Publisher.Later's batches). Any event that cannot be stored
+// fails the whole message.
+func decodeMessage(data []byte) ([]Event, error) {
+	var events []Event
+	if t := bytes.TrimLeft(data, " \t\r\n"); len(t) > 0 && t[0] == '[' {
+		if err := json.Unmarshal(data, &events); err != nil {
+			return nil, err
+		}
+		if len(events) == 0 {
+			return nil, fmt.Errorf("%w: empty batch", ErrInvalidEvent)
+		}
+	} else {
+		var e Event
+		if err := json.Unmarshal(data, &e); err != nil {
+			return nil, err
+		}
+		events = []Event{e}
+	}
+	for i := range events {
+		events[i].normalize()
+		if err := events[i].Validate(); err != nil {
+			return nil, err
+		}
+	}
+	return events, nil
 }

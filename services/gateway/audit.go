@@ -25,7 +25,10 @@ type InvokeAudit struct {
 	CallID string
 	// Attempt marks the record of an allowed call about to be sent to its
 	// node; Outcome, ErrorCode and Replayed are then unset.
-	Attempt   bool
+	Attempt bool
+	// Sent marks the outcome of a call that was sent to its node (its
+	// attempt is on record): the gateway does not wait on this record.
+	Sent      bool
 	Time      time.Time // when the request arrived
 	Instance  string    // gateway replica
 	RequestID string    // the operator's request id
@@ -54,14 +57,14 @@ type InvokeAudit struct {
 
 // Auditor records node.invoke calls. A call the gateway sends to its node
 // is recorded twice: its attempt, after the policy allowed it and before it
-// is sent (an error refuses the call with UNAVAILABLE "audit unavailable: …",
-// so the node never acts unrecorded), and its outcome, after the operator
-// has the answer (an error is logged; the answer stands, the attempt is on
-// record). A call that never reaches the node (refused, denied, replayed)
-// is recorded once, with its outcome, before the answer, which an error
+// is sent (an error refuses the call with UNAVAILABLE "audit unavailable:
+// …", so the node never acts unrecorded), and its outcome (Sent set), after
+// the operator has the answer (an error is logged and the answer stands:
+// the attempt is on record; the Auditor may store this one asynchronously).
+// A call that never reaches the node (refused, denied, replayed) is
+// recorded once, with its outcome, before the answer, which an error
 // replaces with UNAVAILABLE (fail closed). AuditInvoke runs on the call's
-// goroutine, never on a connection's read loop; it returns once the record
-// is durable.
+// goroutine, never on a connection's read loop.
 type Auditor interface {
 	AuditInvoke(ctx context.Context, a InvokeAudit) error
 }

@@ -43,6 +43,8 @@ const (
 	DefaultMaxInvokeParams   = 128 << 10
 	DefaultMaxConnsPerToken  = 64
 	DefaultMaxConnsPerTenant = 512
+	// DefaultMaxInflightPerConn caps the requests in flight per connection.
+	DefaultMaxInflightPerConn = 1024
 )
 
 // Config configures a gateway. Zero values take the documented defaults.
@@ -114,8 +116,11 @@ type Config struct {
 	DefaultInvokeTimeout time.Duration
 	// MaxInvokeTimeout caps any node.invoke timeout. Default 300 s.
 	MaxInvokeTimeout time.Duration
-	// MaxInflightPerConn caps concurrent node.invoke calls per operator
-	// connection. Default 1024.
+	// MaxInflightPerConn caps the requests a connection has running off
+	// its read loop (node.invoke, node.list, node.describe,
+	// node.pair.list); more are refused with UNAVAILABLE, and a connection
+	// that reaches twice the cap is closed with 1008 "too many requests in
+	// flight". Default 1024.
 	MaxInflightPerConn int
 	// IdempotencyTTL is how long an idempotency key is remembered.
 	// Default 5 min. It sets the bucket TTL when this gateway creates it.
@@ -176,7 +181,7 @@ func (c *Config) setDefaults() {
 		c.MaxBufferedBytes = 50 << 20
 	}
 	if c.MaxInflightPerConn == 0 {
-		c.MaxInflightPerConn = 1024
+		c.MaxInflightPerConn = DefaultMaxInflightPerConn
 	}
 }
 

@@ -140,7 +140,7 @@ func TestCapturedCLIConnectV4GetsHelloOK(t *testing.T) {
 		t.Fatalf("snapshot %v", snap)
 	}
 	policy := hello["policy"].(map[string]any)
-	if policy["maxPayload"] != 26214400.0 || policy["maxBufferedBytes"] != 52428800.0 || policy["tickIntervalMs"] != 30000.0 {
+	if policy["maxPayload"] != 1048576.0 || policy["maxBufferedBytes"] != 52428800.0 || policy["tickIntervalMs"] != 30000.0 {
 		t.Fatalf("policy %v", policy)
 	}
 	methods := toStrings(hello["features"].(map[string]any)["methods"])

@@ -213,6 +213,7 @@ func (call *invokeCall) run() {
 		call.finish(OutcomeError, wire.FaultUnavailable, err)
 		return
 	}
+	call.audit.Sent = true
 
 	// The subject names the tenant; the deadline and the trace context are
 	// all the headers a call needs.

@@ -41,8 +41,14 @@ func InvokeAuditor(p *audit.Publisher) gateway.Auditor { return invokeAuditor{p}
 
 type invokeAuditor struct{ p *audit.Publisher }
 
-// AuditInvoke publishes r and waits for the stream's acknowledgement.
+// AuditInvoke publishes r and waits for the stream's acknowledgement, but
+// for the outcome of a call sent to its node: its attempt is on record, so
+// the outcome rides with the next message of its tenant (Publisher.Later).
 func (a invokeAuditor) AuditInvoke(ctx context.Context, r gateway.InvokeAudit) error {
+	if r.Sent && !r.Attempt {
+		a.p.Later(InvokeEvent(r))
+		return nil
+	}
 	return a.p.Publish(ctx, InvokeEvent(r))
 }
 

@@ -49,6 +49,22 @@ func env(name, def string) string {
 	return def
 }
 
+// flagsFromEnv sets each named flag not given on the command line from
+// XIAOCLAW_<NAME> (upper case, "-" as "_"), when that is set.
+func flagsFromEnv(fs *flag.FlagSet, names ...string) error {
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	for _, name := range names {
+		key := strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
+		if v := env(key, ""); v != "" && !given[name] {
+			if err := fs.Set(name, v); err != nil {
+				return fmt.Errorf("XIAOCLAW_%s: %w", key, err)
+			}
+		}
+	}
+	return nil
+}
+
 func run(args []string) error {
 	host, _ := os.Hostname()
 	fs := flag.NewFlagSet("gateway", flag.ContinueOnError)
@@ -60,12 +76,20 @@ func run(args []string) error {
 	logFormat := fs.String("log-format", env("LOG_FORMAT", "json"), "json or text (env XIAOCLAW_LOG_FORMAT)")
 	handshake := fs.Duration("handshake-timeout", 15*time.Second, "close sockets that do not complete connect in time")
 	maxInvoke := fs.Duration("max-invoke-timeout", 300*time.Second, "cap of any node.invoke timeoutMs")
+	maxPayload := fs.Int64("max-payload", gateway.DefaultMaxPayload, "cap of one frame after hello in bytes, advertised as policy.maxPayload (env XIAOCLAW_MAX_PAYLOAD)")
+	maxParams := fs.Int("max-invoke-params", gateway.DefaultMaxInvokeParams, "cap of node.invoke params (a tool call's arguments) in bytes (env XIAOCLAW_MAX_INVOKE_PARAMS)")
+	maxPerToken := fs.Int("max-conns-per-token", gateway.DefaultMaxConnsPerToken, "cap of connections per token on this replica (env XIAOCLAW_MAX_CONNS_PER_TOKEN)")
+	maxPerTenant := fs.Int("max-conns-per-tenant", gateway.DefaultMaxConnsPerTenant, "cap of connections per tenant on this replica (env XIAOCLAW_MAX_CONNS_PER_TENANT)")
+	maxInflight := fs.Int("max-inflight-per-conn", gateway.DefaultMaxInflightPerConn, "cap of requests in flight per connection (env XIAOCLAW_MAX_INFLIGHT_PER_CONN)")
 	databaseURL := fs.String("database-url", env("DATABASE_URL", ""), "Postgres URL: tenants, operator tokens, policies, audit trail, admin API (env XIAOCLAW_DATABASE_URL)")
 	adminToken := fs.String("admin-token", env("ADMIN_TOKEN", ""), "global admin token of the admin API, at least 16 characters (env XIAOCLAW_ADMIN_TOKEN)")
 	auditWriter := fs.Bool("audit-writer", env("AUDIT_WRITER", "true") == "true", "also run the audit writer (stream → Postgres) in this process (env XIAOCLAW_AUDIT_WRITER)")
 	var tokens tokenList
 	fs.Var(&tokens, "operator-token", "static operator token TENANT=TOKEN or TENANT:ROLE=TOKEN (role admin, operator or viewer; default admin); repeatable (env XIAOCLAW_OPERATOR_TOKEN, comma-separated)")
 	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if err := flagsFromEnv(fs, "max-payload", "max-invoke-params", "max-conns-per-token", "max-conns-per-tenant", "max-inflight-per-conn"); err != nil {
 		return err
 	}
 	if len(tokens) == 0 {
@@ -101,14 +125,19 @@ func run(args []string) error {
 	defer nc.Close()
 
 	cfg := gateway.Config{
-		Addr:             *addr,
-		Instance:         *instance,
-		Version:          "xiaoclaw-" + version,
-		Auth:             auth,
-		HandshakeTimeout: *handshake,
-		MaxInvokeTimeout: *maxInvoke,
-		TracerProvider:   tp,
-		Registerer:       reg,
+		Addr:               *addr,
+		Instance:           *instance,
+		Version:            "xiaoclaw-" + version,
+		Auth:               auth,
+		HandshakeTimeout:   *handshake,
+		MaxInvokeTimeout:   *maxInvoke,
+		MaxPayload:         *maxPayload,
+		MaxInvokeParams:    *maxParams,
+		MaxConnsPerToken:   *maxPerToken,
+		MaxConnsPerTenant:  *maxPerTenant,
+		MaxInflightPerConn: *maxInflight,
+		TracerProvider:     tp,
+		Registerer:         reg,
 	}
 	var be *backend
 	if *databaseURL != "" {
