@@ -73,6 +73,7 @@ func run(args []string) error {
 	callTimeout := fs.Duration("call-timeout", devicehub.DefaultCallTimeout, "deadline of one device call when the caller sets none")
 	idleTimeout := fs.Duration("idle-timeout", devicehub.DefaultIdleTimeout, "close a session after this long without frames from the device")
 	withUserTools := fs.Bool("with-user-tools", false, "list the devices' user-only tools too")
+	maxResult := fs.Int("max-result-bytes", devicehub.DefaultMaxResultBytes, "cap of one device call's result in bytes; a larger one fails with PAYLOAD_TOO_LARGE")
 	instance := fs.String("instance", host, "name of this replica in events and logs")
 	databaseURL := fs.String("database-url", "", "Postgres URL of the tenancy store: per-tenant HMAC device keys for authentication and OTA")
 	mqttAddr := fs.String("mqtt-addr", "", "listen address of the embedded MQTT broker for XiaoZhi MQTT devices (empty: no MQTT)")
@@ -141,7 +142,7 @@ func run(args []string) error {
 		MQTTAddr: *mqttAddr, UDPPublicHost: *udpHost,
 		OTA: devicehub.OTAConfig{Credentials: creds.minter, Activations: acts, AutoActivateTenant: *autoActivate,
 			WebSocketURL: *publicURL, MQTTEndpoint: *mqttEndpoint},
-		CallTimeout: *callTimeout, IdleTimeout: *idleTimeout, WithUserTools: *withUserTools, Version: version,
+		CallTimeout: *callTimeout, IdleTimeout: *idleTimeout, WithUserTools: *withUserTools, MaxResultBytes: *maxResult, Version: version,
 		TracerProvider: tp, Registerer: reg,
 	}, nc, log)
 	if err != nil {
