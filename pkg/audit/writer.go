@@ -92,6 +92,7 @@ type Writer struct {
 
 	mu      sync.Mutex
 	settled map[string]time.Time // attempt ids whose outcome a loop has read → when
+	pruned  time.Time            // when settled was last pruned
 }
 
 // heldMessage is a stream message whose events are decoded; once stored in
@@ -312,9 +313,12 @@ func (w *Writer) pair(batch []heldMessage, now time.Time) (events []Event, done 
 			}
 		}
 	}
-	for id, at := range w.settled {
-		if now.Sub(at) > 4*w.cfg.AttemptGrace {
-			delete(w.settled, id)
+	if now.Sub(w.pruned) > w.cfg.AttemptGrace {
+		w.pruned = now
+		for id, at := range w.settled {
+			if now.Sub(at) > 4*w.cfg.AttemptGrace {
+				delete(w.settled, id)
+			}
 		}
 	}
 	for _, h := range batch {
