@@ -263,6 +263,9 @@ func (call *invokeCall) run() {
 		code = errorCode(perr)
 		call.c.send(protocol.AppendErrorResponse(nil, call.reqID, perr))
 	}
+	call.audit.Outcome, call.audit.ErrorCode = outcome, code
+	call.audit.Latency = time.Since(call.audit.Time)
+	call.finish(outcome, code, nil)
 
 	// The answer is out; record the outcome for retries with the same key.
 	if keep {
@@ -276,9 +279,6 @@ func (call *invokeCall) run() {
 
 	// The node has acted and its attempt is on record: the answer stands
 	// whatever becomes of the outcome record.
-	call.audit.Outcome, call.audit.ErrorCode = outcome, code
-	call.audit.Latency = time.Since(call.audit.Time)
-	call.finish(outcome, code, nil)
 	if err := s.cfg.Auditor.AuditInvoke(context.WithoutCancel(call.ctx), call.audit); err != nil {
 		s.log.WarnContext(call.ctx, "node.invoke outcome not audited; its attempt is", "request", call.reqID, "outcome", outcome, "err", err)
 	}
