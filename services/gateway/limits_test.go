@@ -2,10 +2,16 @@ package gateway_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
+	"github.com/nats-io/nats.go"
+
+	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
 	"github.com/xiaoclaw/xiaoclaw/services/gateway"
 	"github.com/xiaoclaw/xiaoclaw/services/gateway/internal/gwtest"
 )
@@ -97,4 +103,59 @@ func TestConnectionCaps(t *testing.T) {
 		t.Cleanup(c.CloseNow)
 		return must(c.Connect(ctxT(t), gwtest.OperatorParams(tokOperator, "operator.read"))).OK
 	})
+}
+
+// rejectedHolder holds the records of refused calls until released.
+type rejectedHolder struct {
+	held    chan struct{}
+	release chan struct{}
+	once    sync.Once
+}
+
+func (r *rejectedHolder) AuditInvoke(ctx context.Context, a gateway.InvokeAudit) error {
+	if a.Outcome != gateway.OutcomeRejected {
+		return nil
+	}
+	r.once.Do(func() { close(r.held) })
+	select {
+	case <-r.release:
+	case <-ctx.Done():
+	}
+	return nil
+}
+
+// TestInflightCap: at MaxInflightPerConn a further node.invoke is refused
+// (and audited); a connection that reaches twice the cap is closed with a
+// reason.
+func TestInflightCap(t *testing.T) {
+	e := newEnv(t)
+	audit := &rejectedHolder{held: make(chan struct{}), release: make(chan struct{})}
+	defer close(audit.release)
+	gw := e.gateway(func(c *gateway.Config) { c.MaxInflightPerConn = 1; c.Auditor = audit })
+	const node = "xz-a1b2c3d4e5f6"
+	e.putNode(device(tenantAcme, node, "kitchen", true))
+	release := make(chan struct{})
+	defer close(release)
+	sh := e.shim(tenantAcme, func(req wire.InvokeRequest, m *nats.Msg) { <-release; echoShim(req, m) })
+	c := operator(t, gw, tokOperator, "operator.write")
+	waitListed(t, c, node, true)
+	send := func(id string) {
+		f, _ := json.Marshal(map[string]any{"type": "req", "id": id, "method": "node.invoke", "params": map[string]any{
+			"nodeId": node, "command": "mcp.tools.call", "params": map[string]any{"name": "self.audio_speaker.set_volume"}, "idempotencyKey": newKey()}})
+		if err := c.SendRaw(ctxT(t), f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	send("a") // held by the device
+	eventually(t, "the first call at the device", func() bool { return sh.count() == 1 })
+	send("b") // over the cap: its refusal is being recorded
+	select {
+	case <-audit.held:
+	case <-time.After(waitFor):
+		t.Fatal("the second call was not refused")
+	}
+	send("c") // twice the cap
+	if code, reason, _ := c.CloseStatus(waitFor); code != 1008 || reason != "too many requests in flight" {
+		t.Fatalf("closed with %d %q", code, reason)
+	}
 }
