@@ -207,8 +207,9 @@ func (r *recorder) failWith(err error) {
 	r.mu.Unlock()
 }
 
-// last is the newest outcome record, once every accepted attempt has its
-// outcome (a sent call's outcome is recorded after its answer).
+// last is the outcome record of the call that arrived last, once every
+// accepted attempt has its outcome (a sent call's outcome is recorded after
+// its answer, so records need not come in the order of the calls).
 func (r *recorder) last() gateway.InvokeAudit {
 	deadline := time.Now().Add(waitFor)
 	for {
@@ -223,7 +224,13 @@ func (r *recorder) last() gateway.InvokeAudit {
 		}
 		if !missing || time.Now().After(deadline) {
 			defer r.mu.Unlock()
-			return r.all[len(r.all)-1]
+			newest := r.all[0]
+			for _, a := range r.all[1:] {
+				if a.Time.After(newest.Time) {
+					newest = a
+				}
+			}
+			return newest
 		}
 		r.mu.Unlock()
 		time.Sleep(5 * time.Millisecond)
