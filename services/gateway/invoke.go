@@ -27,19 +27,26 @@ type invokeCall struct {
 	subject  string
 	body     []byte
 	deadline time.Time
+	areq     access.Request // the policy question, asked on the call's goroutine
+	overCap  bool           // the connection had MaxInflightPerConn calls in flight
 	audit    InvokeAudit
 	// ctx carries span, the call's node.invoke span.
 	ctx  context.Context
 	span *telemetry.Span
 }
 
-// handleNodeInvoke runs the checks that need no network (params, node,
-// declared command, policy) in the read loop, then hands the call to a
-// goroutine for the idempotency claim and the NATS request.
+// handleNodeInvoke runs the checks that need neither network nor storage
+// (params, node, declared command) in the read loop, then hands the call to
+// a goroutine: the policy decision (which may load the tenant's policy), the
+// audit records, the idempotency claim and the NATS request all wait on
+// other services, and the read loop must stay free for the next frame.
 func (c *conn) handleNodeInvoke(req protocol.Request) {
 	s := c.s
 	call := &invokeCall{c: c, reqID: req.ID}
-	call.audit = InvokeAudit{Time: time.Now(), Instance: s.cfg.Instance, RequestID: req.ID, Principal: c.principal}
+	if !call.admit() {
+		return
+	}
+	call.audit = InvokeAudit{Time: time.Now(), Instance: s.cfg.Instance, RequestID: req.ID, Principal: c.principal, CallID: newID()}
 	call.ctx, call.span = telemetry.StartOperatorRequest(c.ctx, s.tracer, protocol.MethodNodeInvoke, req.Traceparent,
 		telemetry.CallInfo{Tenant: c.principal.Tenant, Principal: c.principal.ID})
 	call.audit.TraceID, call.audit.SpanID = telemetry.TraceIDs(call.ctx)
@@ -50,6 +57,10 @@ func (c *conn) handleNodeInvoke(req protocol.Request) {
 	}
 	call.inv = inv
 	call.audit.NodeID, call.audit.Command, call.audit.IdempotencyKey = inv.NodeID, inv.Command, inv.IdempotencyKey
+	if len(inv.Params) > s.cfg.MaxInvokeParams {
+		call.reject(protocol.PayloadTooLarge(len(inv.Params), s.cfg.MaxInvokeParams), OutcomeRejected)
+		return
+	}
 	if protocol.IsExecApprovalsCommand(inv.Command) {
 		call.reject(protocol.ExecApprovalsNotInvokable(inv.Command), OutcomeRejected)
 		return
@@ -87,22 +98,7 @@ func (c *conn) handleNodeInvoke(req protocol.Request) {
 		call.audit.Tool, call.audit.Args = tc.Tool, tc.Arguments
 	}
 	call.span.AddInfo(telemetry.CallInfo{Node: n.NodeID, Command: inv.Command, Tool: areq.Tool})
-	dec := s.cfg.Authorizer.Authorize(call.ctx, areq)
-	call.audit.Decision = dec
-	if dec.Allowed {
-		s.metrics.allowed.Inc()
-	} else {
-		s.metrics.denied.Inc()
-		call.span.SetDenyingRule(dec.RuleID)
-	}
-	if !dec.Allowed {
-		call.reject(protocol.PolicyDenied(c.protocol, inv.Command, areq.Tool, dec.RuleID, dec.Reason), OutcomeDenied)
-		return
-	}
-	if c.inflight.Load() >= int64(s.cfg.MaxInflightPerConn) {
-		call.reject(protocol.Unavailable("too many node.invoke calls in flight on this connection", true), OutcomeRejected)
-		return
-	}
+	call.areq = areq
 
 	timeout := s.cfg.DefaultInvokeTimeout
 	if inv.TimeoutMs > 0 {
@@ -116,18 +112,36 @@ func (c *conn) handleNodeInvoke(req protocol.Request) {
 		call.subject = wire.NodeInvoke(n.Tenant)
 	}
 	call.body = encodeInvokeRequest(&inv)
+	s.workers.Go(call.run)
+}
 
+// admit counts the call against the connection's requests in flight
+// (conn.admit) and the gateway's shutdown wait; the call's goroutine
+// releases both. It reports whether the call goes on.
+func (call *invokeCall) admit() bool {
+	c, s := call.c, call.c.s
+	overCap, ok := c.admit()
+	if !ok {
+		return false
+	}
+	call.overCap = overCap
 	// Registering under the lock orders this Add before shutdown's Wait.
 	s.mu.RLock()
 	if s.draining.Load() {
 		s.mu.RUnlock()
-		call.reject(protocol.Unavailable("gateway shutting down; retry on another replica", true), OutcomeRejected)
-		return
+		c.inflight.Add(-1)
+		c.respondError(call.reqID, protocol.Unavailable("gateway shutting down; retry on another replica", true))
+		return false
 	}
 	s.inflightWG.Add(1)
 	s.mu.RUnlock()
-	c.inflight.Add(1)
-	s.workers.Go(call.run)
+	return true
+}
+
+// release ends what admit began.
+func (call *invokeCall) release() {
+	call.c.inflight.Add(-1)
+	call.c.s.inflightWG.Done()
 }
 
 // encodeInvokeRequest builds a wire.InvokeRequest without re-validating the
@@ -149,11 +163,27 @@ func encodeInvokeRequest(inv *protocol.NodeInvoke) []byte {
 	return append(b, '}')
 }
 
-// run claims the idempotency key, sends the request and answers.
+// run asks the policy, claims the idempotency key, records the attempt,
+// sends the request and answers.
 func (call *invokeCall) run() {
 	c, s := call.c, call.c.s
-	defer s.inflightWG.Done()
-	defer c.inflight.Add(-1)
+	defer call.release()
+	dec := s.cfg.Authorizer.Authorize(call.ctx, call.areq)
+	call.audit.Decision = dec
+	if dec.Allowed {
+		s.metrics.allowed.Inc()
+	} else {
+		s.metrics.denied.Inc()
+		call.span.SetDenyingRule(dec.RuleID)
+	}
+	if !dec.Allowed {
+		call.refuse(protocol.PolicyDenied(c.protocol, call.inv.Command, call.areq.Tool, dec.RuleID, dec.Reason), OutcomeDenied)
+		return
+	}
+	if call.overCap {
+		call.refuse(protocol.Unavailable("too many node.invoke calls in flight on this connection", true), OutcomeRejected)
+		return
+	}
 	ctx, cancel := context.WithDeadline(s.runCtx, call.deadline)
 	defer cancel()
 
@@ -161,19 +191,36 @@ func (call *invokeCall) run() {
 	claim, prior, err := s.idem.Begin(ctx, idempotency.Key(c.principal.Tenant, call.inv.IdempotencyKey), fp, s.cfg.Instance)
 	switch {
 	case errors.Is(err, idempotency.ErrConflict):
-		call.reject(protocol.IdempotencyConflict(), OutcomeRejected)
+		call.refuse(protocol.IdempotencyConflict(), OutcomeRejected)
 		return
 	case err != nil && ctx.Err() != nil:
-		call.reject(protocol.InvokeTimedOut(false), OutcomeTimeout)
+		call.refuse(protocol.InvokeTimedOut(false), OutcomeTimeout)
 		return
 	case err != nil:
 		s.log.Warn("idempotency store", "err", err)
-		call.reject(protocol.Unavailable("idempotency store unavailable; retry", true), OutcomeError)
+		call.refuse(protocol.Unavailable("idempotency store unavailable; retry", true), OutcomeError)
 		return
 	case prior != nil:
 		call.replay(prior)
 		return
 	}
+
+	// Fail closed before the node acts: a call the trail does not hold is
+	// never sent.
+	attempt := call.audit
+	attempt.Attempt = true
+	attempt.Latency = time.Since(call.audit.Time)
+	if err := s.cfg.Auditor.AuditInvoke(ctx, attempt); err != nil {
+		s.log.WarnContext(call.ctx, "node.invoke not audited", "request", call.reqID, "err", err)
+		if err := s.idem.Abandon(claim); err != nil {
+			s.log.Warn("idempotency record", "err", err)
+		}
+		e := protocol.Unavailable("audit unavailable: "+err.Error(), true)
+		call.c.send(protocol.AppendErrorResponse(nil, call.reqID, e))
+		call.finish(OutcomeError, wire.FaultUnavailable, err)
+		return
+	}
+	call.audit.Sent = true
 
 	// The subject names the tenant; the deadline and the trace context are
 	// all the headers a call needs.
@@ -214,13 +261,18 @@ func (call *invokeCall) run() {
 	}
 
 	var result []byte
+	code := ""
 	if perr == nil {
 		result = invokeOKPayload(call.inv.NodeID, call.inv.Command, payload)
-		call.answer(protocol.AppendResponse(make([]byte, 0, len(result)+len(call.reqID)+40), call.reqID, result), outcome, "")
+		call.c.send(protocol.AppendResponse(make([]byte, 0, len(result)+len(call.reqID)+40), call.reqID, result))
 	} else {
 		result = protocol.AppendError(nil, perr)
-		call.answer(protocol.AppendErrorResponse(nil, call.reqID, perr), outcome, errorCode(perr))
+		code = errorCode(perr)
+		call.c.send(protocol.AppendErrorResponse(nil, call.reqID, perr))
 	}
+	call.audit.Outcome, call.audit.ErrorCode = outcome, code
+	call.audit.Latency = time.Since(call.audit.Time)
+	call.finish(outcome, code, nil)
 
 	// The answer is out; record the outcome for retries with the same key.
 	if keep {
@@ -231,13 +283,19 @@ func (call *invokeCall) run() {
 	if err != nil {
 		s.log.Warn("idempotency record", "err", err)
 	}
+
+	// The node has acted and its attempt is on record: the answer stands
+	// whatever becomes of the outcome record.
+	if err := s.cfg.Auditor.AuditInvoke(context.WithoutCancel(call.ctx), call.audit); err != nil {
+		s.log.WarnContext(call.ctx, "node.invoke outcome not audited; its attempt is", "request", call.reqID, "outcome", outcome, "err", err)
+	}
 }
 
 // replay answers with the outcome of an earlier call with the same key.
 func (call *invokeCall) replay(prior *idempotency.Record) {
 	call.audit.Replayed = true
 	if prior.OK {
-		call.answer(protocol.AppendResponse(nil, call.reqID, prior.Result), OutcomeOK, "")
+		call.answerAudited(protocol.AppendResponse(nil, call.reqID, prior.Result), OutcomeOK, "")
 		return
 	}
 	var e protocol.Error
@@ -245,29 +303,43 @@ func (call *invokeCall) replay(prior *idempotency.Record) {
 	b := protocol.AppendString([]byte(`{"type":"res","id":`), call.reqID)
 	b = append(b, `,"ok":false,"error":`...)
 	b = append(append(b, prior.Result...), '}')
-	call.answer(b, OutcomeError, errorCode(&e))
+	call.answerAudited(b, OutcomeError, errorCode(&e))
 }
 
-// reject answers a call refused before (or instead of) reaching the node.
+// reject refuses a call from the read loop: its goroutine records the
+// refusal and answers.
 func (call *invokeCall) reject(e *protocol.Error, outcome string) {
-	call.answer(protocol.AppendErrorResponse(nil, call.reqID, e), outcome, errorCode(e))
+	call.c.s.workers.Go(func() {
+		defer call.release()
+		call.refuse(e, outcome)
+	})
 }
 
-// answer audits the call, sends its response frame, and ends its span and
-// metrics.
-func (call *invokeCall) answer(frame []byte, outcome, code string) {
+// refuse answers a call refused before (or instead of) reaching the node.
+func (call *invokeCall) refuse(e *protocol.Error, outcome string) {
+	call.answerAudited(protocol.AppendErrorResponse(nil, call.reqID, e), outcome, errorCode(e))
+}
+
+// answerAudited answers a call that never reached the node (refused or
+// replayed): its one audit record first, then the answer. Fail closed: no
+// answer the audit trail does not hold.
+func (call *invokeCall) answerAudited(frame []byte, outcome, code string) {
 	s := call.c.s
 	call.audit.Outcome, call.audit.ErrorCode = outcome, code
 	call.audit.Latency = time.Since(call.audit.Time)
 	var failure error
 	if err := s.cfg.Auditor.AuditInvoke(call.ctx, call.audit); err != nil {
-		// Fail closed: no answer the audit trail does not hold.
 		s.log.WarnContext(call.ctx, "node.invoke not audited", "request", call.reqID, "err", err)
 		frame = protocol.AppendErrorResponse(nil, call.reqID, protocol.Unavailable("audit unavailable: "+err.Error(), true))
 		outcome, code, failure = OutcomeError, wire.FaultUnavailable, err
 	}
 	call.c.send(frame)
+	call.finish(outcome, code, failure)
+}
 
+// finish ends the call's span and metrics once its answer is sent.
+func (call *invokeCall) finish(outcome, code string, failure error) {
+	s := call.c.s
 	tcode := traceCode(outcome, code)
 	s.metrics.hopInvoke.Observe(time.Since(call.audit.Time).Seconds())
 	call.span.End(tcode, failure)
