@@ -34,10 +34,11 @@ type Frame struct {
 
 // ErrorShape is an error as the gateway sends it.
 type ErrorShape struct {
-	Code      string          `json:"code"`
-	Message   string          `json:"message"`
-	Details   json.RawMessage `json:"details,omitempty"`
-	Retryable bool            `json:"retryable,omitempty"`
+	Code         string          `json:"code"`
+	Message      string          `json:"message"`
+	Details      json.RawMessage `json:"details,omitempty"`
+	Retryable    bool            `json:"retryable,omitempty"`
+	RetryAfterMs int64           `json:"retryAfterMs,omitempty"`
 }
 
 // DetailCode returns details.code.
