@@ -34,8 +34,10 @@ func TestTenantShares(t *testing.T) {
 func TestDeviceShares(t *testing.T) {
 	var tab Table
 	a := tab.Tenant("acme")
-	if !a.AcquireDevice("d1", 2) || !a.AcquireDevice("d1", 2) {
-		t.Fatal("two slots of 2 refused")
+	for i := range 2 {
+		if !a.AcquireDevice("d1", 2) {
+			t.Fatalf("slot %d of 2 refused", i+1)
+		}
 	}
 	if a.AcquireDevice("d1", 2) {
 		t.Fatal("a third slot of 2 was granted")
