@@ -22,6 +22,7 @@ import (
 const (
 	MetricDevicesConnected = "xiaoclaw_devices_connected"
 	MetricInvokes          = "xiaoclaw_invokes_total"
+	MetricInvokesRefused   = "xiaoclaw_invokes_refused_total"
 	MetricHopDuration      = "xiaoclaw_hop_duration_seconds"
 	MetricPolicyDecisions  = "xiaoclaw_policy_decisions_total"
 	MetricAuditBacklog     = "xiaoclaw_audit_backlog"
@@ -40,6 +41,7 @@ const (
 	LabelOutcome   = "outcome"
 	LabelHop       = "hop"
 	LabelEffect    = "effect"
+	LabelLimit     = "limit"
 )
 
 // Values of the "service" label.
@@ -100,6 +102,17 @@ func NewInvokes(reg prometheus.Registerer) (*prometheus.CounterVec, error) {
 		Name: MetricInvokes,
 		Help: "node.invoke calls finished, by service, command and outcome.",
 	}, []string{LabelService, LabelCommand, LabelOutcome}))
+}
+
+// NewInvokesRefused declares
+// xiaoclaw_invokes_refused_total{service,tenant,limit}: node.invoke calls a
+// service refused because a limit was reached; limit is one of
+// wire.LimitTenant, wire.LimitDevice and wire.LimitReplica.
+func NewInvokesRefused(reg prometheus.Registerer) (*prometheus.CounterVec, error) {
+	return register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: MetricInvokesRefused,
+		Help: "node.invoke calls refused because a limit was reached, by service, tenant and limit (tenant, device or replica).",
+	}, []string{LabelService, LabelTenant, LabelLimit}))
 }
 
 // NewHopDuration declares xiaoclaw_hop_duration_seconds{hop}: the latency

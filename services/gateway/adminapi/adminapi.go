@@ -126,6 +126,8 @@ func New(cfg Config) (http.Handler, error) {
 			r.Use(a.tenantScope)
 			r.Get("/", a.handle(a.getTenant))
 			r.Patch("/", a.handle(a.updateTenant))
+			r.Get("/limits", a.handle(a.getLimits))
+			r.Patch("/limits", a.handle(a.globalOnly(a.updateLimits)))
 			r.Post("/suspend", a.handle(a.globalOnly(a.setStatus(tenancy.StatusSuspended))))
 			r.Post("/resume", a.handle(a.globalOnly(a.setStatus(tenancy.StatusActive))))
 			r.Get("/tokens", a.handle(a.listTokens))

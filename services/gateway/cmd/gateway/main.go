@@ -188,6 +188,7 @@ func run(args []string) error {
 		defer be.close()
 		cfg.Auth, cfg.Authorizer, cfg.Auditor, cfg.AdminAPI = be.auth, be.policy, be.auditor, be.api
 		cfg.ConnectAuditor = be.connects
+		cfg.Limits = be.operators
 	} else {
 		log.Warn("no --database-url: static operator tokens only; no policy store, audit trail or admin API")
 	}
