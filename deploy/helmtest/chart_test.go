@@ -509,6 +509,8 @@ func TestInvalidValuesAreRejected(t *testing.T) {
 		{"bad public URL", []string{"--set", "devicehub.publicURL=http://x/"}, "publicURL"},
 		{"no NATS", []string{"--set", "nats.enabled=false"}, "externalNats.url"},
 		{"no database", []string{"--set", "postgresql.enabled=false"}, "externalDatabase.url"},
+		{"sampling ratio above 1", []string{"--set-string", "otel.samplerArg=1.5"}, "samplerArg"},
+		{"unknown sampler", []string{"--set", "otel.sampler=jaeger_remote"}, "sampler"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -624,4 +626,29 @@ func namedPort(c corev1.Container, name string) int32 {
 		}
 	}
 	return 0
+}
+
+// TestTraceSamplingDefault: the services sample a tenth of the new traces by default
+// (parentbased_traceidratio 0.1, following a caller's sampled traceparent), and one value
+// changes the ratio.
+func TestTraceSamplingDefault(t *testing.T) {
+	samplers := func(r rendering) map[string]string {
+		got := map[string]string{}
+		for _, m := range decodeAll[corev1.ConfigMap](t, r.all("ConfigMap")) {
+			if _, ok := m.Data["XIAOCLAW_LOG_LEVEL"]; ok {
+				got[m.Data["OTEL_TRACES_SAMPLER"]+" "+m.Data["OTEL_TRACES_SAMPLER_ARG"]] = m.Name
+			}
+		}
+		return got
+	}
+	forEachScenario(t, func(t *testing.T, r rendering) {
+		if got := samplers(r); len(got) != 1 || got["parentbased_traceidratio 0.1"] == "" {
+			t.Errorf("service ConfigMaps sample %v, want parentbased_traceidratio 0.1", got)
+		}
+	})
+	chart := stagedChart(t)
+	r := renderScenario(t, chart, scenario{name: "sample-all", args: []string{"--set-string", "otel.samplerArg=1"}})
+	if got := samplers(r); len(got) != 1 || got["parentbased_traceidratio 1"] == "" {
+		t.Errorf("with otel.samplerArg=1: %v", got)
+	}
 }
