@@ -510,6 +510,7 @@ func TestInvalidValuesAreRejected(t *testing.T) {
 		{"no NATS", []string{"--set", "nats.enabled=false"}, "externalNats.url"},
 		{"no database", []string{"--set", "postgresql.enabled=false"}, "externalDatabase.url"},
 		{"sampling ratio above 1", []string{"--set-string", "otel.samplerArg=1.5"}, "samplerArg"},
+		{"sampling ratio below 0", []string{"--set", "otel.samplerArg=-0.1"}, "samplerArg"},
 		{"unknown sampler", []string{"--set", "otel.sampler=jaeger_remote"}, "sampler"},
 	}
 	for _, tc := range cases {
@@ -647,8 +648,8 @@ func TestTraceSamplingDefault(t *testing.T) {
 		}
 	})
 	chart := stagedChart(t)
-	r := renderScenario(t, chart, scenario{name: "sample-all", args: []string{"--set-string", "otel.samplerArg=1"}})
-	if got := samplers(r); len(got) != 1 || got["parentbased_traceidratio 1"] == "" {
-		t.Errorf("with otel.samplerArg=1: %v", got)
+	r := renderScenario(t, chart, scenario{name: "sample-half", args: []string{"--set", "otel.samplerArg=0.5"}})
+	if got := samplers(r); len(got) != 1 || got["parentbased_traceidratio 0.5"] == "" {
+		t.Errorf("with otel.samplerArg=0.5: %v", got)
 	}
 }
