@@ -5,7 +5,9 @@
 #
 #   none      no tracer provider in the services (their no-op default): the baseline
 #   off       tracing off: the SDK's provider sampling nothing (every call still gets a trace id)
-#   sampled10 a tenth of the invokes sampled (parentbased_traceidratio 0.1, the Helm default)
+#   sampled10 a tenth of the invokes sampled (parentbased_traceidratio 0.1, the Helm default) into
+#             the batch span processor and an exporter that drops them (SAMPLED10=exported10: over
+#             OTLP/HTTP like sampled)
 #   sampled   every invoke sampled and exported over OTLP/HTTP by the official exporter (to a
 #             receiver in the same process that discards what it gets)
 #
@@ -33,6 +35,7 @@ ROUNDS=${ROUNDS:-5}
 INVOKES=${INVOKES:-30000}
 GO=${GO:-go}
 SAMPLED=${SAMPLED:-exported}
+SAMPLED10=${SAMPLED10:-sampled10}
 OUT=$(mktemp -d "${TMPDIR:-/tmp}/xc-tracing-share.XXXXXX")
 trap 'rm -rf "$OUT"' EXIT
 
@@ -73,7 +76,7 @@ printf '%-6s %10s %10s %10s %10s %10s %10s %10s\n' round none-B/inv off-B/inv s1
 for ((r = 1; r <= ROUNDS; r++)); do
 	read -r n_bytes n_direct _ < <(run none)
 	read -r o_bytes o_direct o_gc < <(run off)
-	read -r t_bytes t_direct t_gc < <(run sampled10)
+	read -r t_bytes t_direct t_gc < <(run "$SAMPLED10")
 	read -r s_bytes s_direct s_gc < <(run "$SAMPLED")
 	printf '%-6d %10d %10d %10d %10d %10s %10s %10s\n' "$r" "$n_bytes" "$o_bytes" "$t_bytes" "$s_bytes" \
 		"$(cost "$n_bytes" "$n_direct" "$o_bytes" "$o_direct" "$o_gc")" \
@@ -89,5 +92,5 @@ summary() {
 }
 echo
 summary 6 "tracing off"
-summary 7 "tracing at 10% sampling"
+summary 7 "tracing at 10% sampling ($SAMPLED10)"
 summary 8 "tracing at 100% sampling ($SAMPLED)"
