@@ -629,7 +629,7 @@ func namedPort(c corev1.Container, name string) int32 {
 	return 0
 }
 
-// TestTraceSamplingDefault: the services sample a tenth of the new traces by default
+// TestTraceSamplingDefault: the services (and the migrations Job) sample a tenth of the new traces by default
 // (parentbased_traceidratio 0.1, following a caller's sampled traceparent), and one value
 // changes the ratio.
 func TestTraceSamplingDefault(t *testing.T) {
