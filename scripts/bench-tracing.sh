@@ -34,7 +34,7 @@ echo "bench-tracing: building the devstack benchmarks" >&2
 run() {
 	local mode=$1 line
 	line=$("$OUT/devstack.test" -test.run '^$' -test.bench "^BenchmarkInvokeTracingMode\$/^$mode\$" \
-		-test.benchtime "${INVOKES}x" -test.count 1 2>&1 | grep -E '^BenchmarkInvokeTracingMode/' || true)
+		-test.benchtime "${INVOKES}x" -test.count 1 2>/dev/null | grep -E 'invokes/s' || true)
 	if [[ -z $line ]]; then
 		echo "bench-tracing: $mode produced no result" >&2
 		"$OUT/devstack.test" -test.run '^$' -test.bench "^BenchmarkInvokeTracingMode\$/^$mode\$" \

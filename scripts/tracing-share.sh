@@ -57,8 +57,8 @@ percent() {
 run() {
 	local bin="$OUT/devstack.test" mode=$1 prof="$OUT/$1.prof" line bytes
 	line=$("$bin" -test.run '^$' -test.bench "^BenchmarkInvokeTracingMode\$/^$mode\$" \
-		-test.benchtime "${INVOKES}x" -test.benchmem -test.count 1 -test.cpuprofile "$prof" 2>&1 |
-		grep -E '^BenchmarkInvokeTracingMode/' || true)
+		-test.benchtime "${INVOKES}x" -test.benchmem -test.count 1 -test.cpuprofile "$prof" 2>/dev/null |
+		grep -E 'invokes/s' || true)
 	if [[ -z $line ]]; then
 		echo "tracing-share: $mode produced no result" >&2
 		exit 1
