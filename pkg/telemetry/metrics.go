@@ -29,7 +29,6 @@ const (
 	MetricAuditLag         = "xiaoclaw_audit_lag_seconds"
 	MetricNATSConnected    = "xiaoclaw_nats_connected"
 	MetricDBConnected      = "xiaoclaw_db_connected"
-	MetricSpansDropped     = "xiaoclaw_trace_spans_dropped_total"
 )
 
 // Label names.
@@ -171,18 +170,6 @@ func RegisterDBConnected(reg prometheus.Registerer, service string, connected fu
 		Help:        "1 while the service's database is reachable, else 0.",
 		ConstLabels: prometheus.Labels{LabelService: service},
 	}, func() float64 { return boolGauge(connected()) }))
-	return err
-}
-
-// RegisterSpansDropped declares xiaoclaw_trace_spans_dropped_total{service}:
-// the spans tp dropped because an export queue was full, read at scrape
-// time. service is a Label* service value.
-func RegisterSpansDropped(reg prometheus.Registerer, service string, tp *TracerProvider) error {
-	_, err := register(reg, prometheus.NewCounterFunc(prometheus.CounterOpts{
-		Name:        MetricSpansDropped,
-		Help:        "Spans dropped because the export queue was full (a slow or unreachable trace backend).",
-		ConstLabels: prometheus.Labels{LabelService: service},
-	}, func() float64 { return float64(tp.DroppedSpans()) }))
 	return err
 }
 

@@ -89,8 +89,8 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		return err
 	}
 
-	proc, err := telemetry.StartProcess(ctx, telemetry.ProcessConfig{Service: telemetry.ServiceShim, Label: telemetry.LabelShim,
-		Instance: *instance, Version: version, LogLevel: *logLevel, LogFormat: *logFormat, Env: os.Getenv, Stderr: stderr, Stdout: os.Stdout})
+	proc, err := telemetry.StartProcess(ctx, telemetry.ProcessConfig{Service: telemetry.ServiceShim,
+		Instance: *instance, Version: version, LogLevel: *logLevel, LogFormat: *logFormat, Stderr: stderr})
 	if err != nil {
 		return err
 	}
