@@ -37,6 +37,11 @@ type Options struct {
 	ClientID, Mode, Version, Platform string
 	// Protocol range; default 3..4.
 	MinProtocol, MaxProtocol int
+	// Node host claims (role "node"): client.displayName, client.deviceFamily
+	// (signed into the v3 device proof), client.instanceId (random when
+	// empty), caps and commands.
+	DisplayName, DeviceFamily, InstanceID string
+	Caps, Commands                        []string
 	// OnEvent receives every event frame after the handshake (tick excluded).
 	// It runs on the read loop: keep it short.
 	OnEvent func(Event)
@@ -87,14 +92,15 @@ type result struct {
 
 // Client is one authenticated gateway connection.
 type Client struct {
-	conn    *websocket.Conn
-	opts    Options
-	hello   json.RawMessage
-	nextID  atomic.Uint64
-	mu      sync.Mutex
-	pending map[string]chan result
-	closed  chan struct{}
-	err     error
+	lastFrame atomic.Int64 // unix ms of the last frame read, ticks included
+	conn      *websocket.Conn
+	opts      Options
+	hello     json.RawMessage
+	nextID    atomic.Uint64
+	mu        sync.Mutex
+	pending   map[string]chan result
+	closed    chan struct{}
+	err       error
 }
 
 // Dial connects and completes the handshake.
@@ -154,16 +160,34 @@ func (c *Client) handshake(ctx context.Context) error {
 			break
 		}
 	}
+	instanceID := c.opts.InstanceID
+	if instanceID == "" {
+		instanceID = randomID()
+	}
+	client := map[string]any{
+		"id": c.opts.ClientID, "version": c.opts.Version, "platform": c.opts.Platform,
+		"mode": c.opts.Mode, "instanceId": instanceID,
+	}
+	if c.opts.DisplayName != "" {
+		client["displayName"] = c.opts.DisplayName
+	}
+	if c.opts.DeviceFamily != "" {
+		client["deviceFamily"] = c.opts.DeviceFamily
+	}
+	caps := c.opts.Caps
+	if caps == nil {
+		caps = []string{}
+	}
 	params := map[string]any{
 		"minProtocol": c.opts.MinProtocol,
 		"maxProtocol": c.opts.MaxProtocol,
-		"client": map[string]any{
-			"id": c.opts.ClientID, "version": c.opts.Version, "platform": c.opts.Platform,
-			"mode": c.opts.Mode, "instanceId": randomID(),
-		},
-		"role":   c.opts.Role,
-		"scopes": c.opts.Scopes,
-		"caps":   []string{},
+		"client":      client,
+		"role":        c.opts.Role,
+		"scopes":      c.opts.Scopes,
+		"caps":        caps,
+	}
+	if c.opts.Commands != nil {
+		params["commands"] = c.opts.Commands
 	}
 	if c.opts.Token != "" {
 		params["auth"] = map[string]any{"token": c.opts.Token}
@@ -206,7 +230,7 @@ func (c *Client) signDevice(nonce string, ts int64) map[string]any {
 	}
 	payload := strings.Join([]string{"v3", deviceID, c.opts.ClientID, c.opts.Mode, c.opts.Role,
 		strings.Join(c.opts.Scopes, ","), strconv.FormatInt(ts, 10), c.opts.Token, nonce,
-		strings.ToLower(strings.TrimSpace(c.opts.Platform)), ""}, "|")
+		asciiLower(strings.TrimSpace(c.opts.Platform)), asciiLower(strings.TrimSpace(c.opts.DeviceFamily))}, "|")
 	sig := ed25519.Sign(c.opts.Identity, []byte(payload))
 	return map[string]any{
 		"id":        deviceID,
@@ -217,12 +241,42 @@ func (c *Client) signDevice(nonce string, ts int64) map[string]any {
 	}
 }
 
+// asciiLower lower-cases ASCII letters only, as OpenClaw normalizes the
+// signed platform and device family.
+func asciiLower(s string) string {
+	b := []byte(s)
+	for i, c := range b {
+		if c >= 'A' && c <= 'Z' {
+			b[i] = c + ('a' - 'A')
+		}
+	}
+	return string(b)
+}
+
 func (c *Client) readFrame(ctx context.Context, f *frame) error {
 	_, b, err := c.conn.Read(ctx)
 	if err != nil {
 		return err
 	}
+	c.lastFrame.Store(time.Now().UnixMilli())
 	return json.Unmarshal(b, f)
+}
+
+// LastFrame returns when the last frame (a tick included) arrived.
+func (c *Client) LastFrame() time.Time { return time.UnixMilli(c.lastFrame.Load()) }
+
+// Err returns why the connection ended, once Done is closed; the WebSocket
+// close status is in the chain (websocket.CloseStatus).
+func (c *Client) Err() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.err
+}
+
+// CloseWith closes the connection with a status code and reason, e.g.
+// 4000 "tick timeout".
+func (c *Client) CloseWith(code websocket.StatusCode, reason string) error {
+	return c.conn.Close(code, reason)
 }
 
 func (c *Client) readLoop() {
