@@ -77,6 +77,16 @@ type fakeConn struct {
 	params connectParams
 	reqs   chan map[string]json.RawMessage // requests the node sent
 	closed chan websocket.StatusCode       // the node's close status
+	opened time.Time
+
+	mu       sync.Mutex
+	closedAt time.Time
+}
+
+func (c *fakeConn) closedTime() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.closedAt
 }
 
 func newFakeGateway(t *testing.T) *fakeGateway {
@@ -154,7 +164,8 @@ func (g *fakeGateway) serve(w http.ResponseWriter, r *http.Request) {
 		"policy":   map[string]any{"maxPayload": 1 << 20, "maxBufferedBytes": 1 << 20, "tickIntervalMs": g.tickMs}}}) != nil {
 		return
 	}
-	fc := &fakeConn{gw: g, ws: ws, params: p, reqs: make(chan map[string]json.RawMessage, 64), closed: make(chan websocket.StatusCode, 1)}
+	fc := &fakeConn{gw: g, ws: ws, params: p, reqs: make(chan map[string]json.RawMessage, 64),
+		closed: make(chan websocket.StatusCode, 1), opened: time.Now()}
 	g.conns <- fc
 	tickCtx, stopTicks := context.WithCancel(ctx)
 	defer stopTicks()
@@ -177,6 +188,9 @@ func (g *fakeGateway) serve(w http.ResponseWriter, r *http.Request) {
 	for {
 		_, b, err := ws.Read(ctx)
 		if err != nil {
+			fc.mu.Lock()
+			fc.closedAt = time.Now()
+			fc.mu.Unlock()
 			fc.closed <- websocket.CloseStatus(err)
 			return
 		}
