@@ -42,6 +42,10 @@ type Options struct {
 	// empty), caps and commands.
 	DisplayName, DeviceFamily, InstanceID string
 	Caps, Commands                        []string
+	// DiscardHello drops the hello-ok payload after the handshake (Hello
+	// returns nil): a real gateway's lists of methods and events weigh
+	// about 15 KB, too much to keep per connection when there are many.
+	DiscardHello bool
 	// OnEvent receives every event frame after the handshake (tick excluded).
 	// It runs on the read loop: keep it short.
 	OnEvent func(Event)
@@ -96,6 +100,7 @@ type Client struct {
 	conn      *websocket.Conn
 	opts      Options
 	hello     json.RawMessage
+	tick      time.Duration
 	nextID    atomic.Uint64
 	mu        sync.Mutex
 	pending   map[string]chan result
@@ -212,7 +217,16 @@ func (c *Client) handshake(ctx context.Context) error {
 				}
 				return errors.New("connect refused")
 			}
-			c.hello = f.Payload
+			var h struct {
+				Policy struct {
+					TickIntervalMs int64 `json:"tickIntervalMs"`
+				} `json:"policy"`
+			}
+			_ = json.Unmarshal(f.Payload, &h)
+			c.tick = time.Duration(h.Policy.TickIntervalMs) * time.Millisecond
+			if !c.opts.DiscardHello {
+				c.hello = f.Payload
+			}
 			return nil
 		}
 	}
@@ -323,8 +337,11 @@ func (c *Client) fail(err error) {
 	}
 }
 
-// Hello returns the hello-ok payload.
+// Hello returns the hello-ok payload (nil with Options.DiscardHello).
 func (c *Client) Hello() json.RawMessage { return c.hello }
+
+// TickInterval returns hello-ok's policy.tickIntervalMs; 0 when absent.
+func (c *Client) TickInterval() time.Duration { return c.tick }
 
 // Call sends a request and waits for its response payload.
 func (c *Client) Call(ctx context.Context, method string, params any) (json.RawMessage, error) {

@@ -7,6 +7,7 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -31,6 +32,8 @@ type fakeGateway struct {
 	token     string
 	// refuse decides, per connect, on an error answer; nil accepts.
 	refuse func(n int, p connectParams) *gwError
+
+	methods []string // hello-ok features.methods
 
 	mu       sync.Mutex
 	connects []connectParams
@@ -91,6 +94,11 @@ func (c *fakeConn) closedTime() time.Time {
 
 func newFakeGateway(t *testing.T) *fakeGateway {
 	g := &fakeGateway{t: t, tickMs: 30000, token: "upstream-secret", conns: make(chan *fakeConn, 16)}
+	// As many method names as OpenClaw 2026.9 lists (466): its hello-ok
+	// weighs about 15 KB.
+	for i := range 466 {
+		g.methods = append(g.methods, fmt.Sprintf("method.number.%d", i))
+	}
 	g.srv = httptest.NewServer(http.HandlerFunc(g.serve))
 	t.Cleanup(g.srv.Close)
 	return g
@@ -160,7 +168,7 @@ func (g *fakeGateway) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	if write(map[string]any{"type": "res", "id": req.ID, "ok": true, "payload": map[string]any{
 		"type": "hello-ok", "protocol": p.MaxProtocol, "server": map[string]any{"version": "fake", "connId": "c"},
-		"features": map[string]any{"methods": []string{}, "events": []string{}},
+		"features": map[string]any{"methods": g.methods, "events": []string{}},
 		"policy":   map[string]any{"maxPayload": 1 << 20, "maxBufferedBytes": 1 << 20, "tickIntervalMs": g.tickMs}}}) != nil {
 		return
 	}

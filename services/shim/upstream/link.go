@@ -269,7 +269,7 @@ func (l *link) dial(ctx context.Context) (*occlient.Client, <-chan struct{}, err
 		ClientID: "node-host", Mode: "node", Version: l.cfg.node.Version, Platform: Platform,
 		DisplayName: l.cfg.node.DisplayName, DeviceFamily: l.cfg.node.DeviceFamily,
 		InstanceID: l.cfg.node.NodeID, Caps: Caps, Commands: Commands,
-		MinProtocol: protocolCurrent, MaxProtocol: protocolCurrent,
+		MinProtocol: protocolCurrent, MaxProtocol: protocolCurrent, DiscardHello: true,
 	}
 	if opts.Version == "" {
 		opts.Version = "unknown"
@@ -312,13 +312,7 @@ func (l *link) serve(ctx context.Context, c *occlient.Client, shutdown <-chan st
 		}
 		l.mu.Unlock()
 	}()
-	var hello struct {
-		Policy struct {
-			TickIntervalMs int64 `json:"tickIntervalMs"`
-		} `json:"policy"`
-	}
-	_ = json.Unmarshal(c.Hello(), &hello)
-	tick := time.Duration(hello.Policy.TickIntervalMs) * time.Millisecond
+	tick := c.TickInterval()
 	if tick <= 0 {
 		tick = defaultTickInterval
 	}
