@@ -49,6 +49,10 @@ type Options struct {
 	// OnEvent receives every event frame after the handshake (tick excluded).
 	// It runs on the read loop: keep it short.
 	OnEvent func(Event)
+	// OnClose runs once on the read loop's goroutine after the connection
+	// ended and Done is closed, with the error Err returns; a caller can
+	// react to the end without a goroutine of its own waiting on Done.
+	OnClose func(error)
 }
 
 // Event is a server event frame.
@@ -294,7 +298,12 @@ func (c *Client) CloseWith(code websocket.StatusCode, reason string) error {
 }
 
 func (c *Client) readLoop() {
-	defer close(c.closed)
+	defer func() {
+		close(c.closed)
+		if c.opts.OnClose != nil {
+			c.opts.OnClose(c.Err())
+		}
+	}()
 	for {
 		var f frame
 		if err := c.readFrame(context.Background(), &f); err != nil {

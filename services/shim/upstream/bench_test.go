@@ -88,7 +88,8 @@ func BenchmarkLinkMemory(b *testing.B) {
 				identity: identities[i], invoker: &fakeInvoker{}, timing: Timing{ConnectTimeout: 30 * time.Second},
 				log: slog.New(slog.DiscardHandler),
 			})
-			wg.Go(func() { links[i].run(ctx) })
+			wg.Add(1)
+			links[i].start(ctx, wg.Done)
 		}
 		deadline := time.Now().Add(2 * time.Minute)
 		for _, l := range links {

@@ -149,59 +149,180 @@ func newLink(cfg linkConfig) *link {
 // Status returns the link's current state.
 func (l *link) Status() Status { return l.status.get() }
 
-// run connects and reconnects until ctx ends.
+// run connects and reconnects until ctx ends (start, waiting for the end).
 func (l *link) run(ctx context.Context) {
-	bo := backoff{min: l.cfg.timing.BackoffMin, max: l.cfg.timing.BackoffMax, rand: l.cfg.rand}
-	attempt := 0
-	started := time.Now()
+	done := make(chan struct{})
+	l.start(ctx, func() { close(done) })
+	<-done
+}
+
+// start connects and reconnects until ctx ends, then calls done once.
+// While online the link holds no goroutine of its own (a bridged device
+// should cost little): a timer watches the ticks, and the connection's
+// read loop resumes the link when the connection ends.
+func (l *link) start(ctx context.Context, done func()) {
+	go l.connect(ctx, done, retry{started: time.Now()})
+}
+
+// retry is what carries over from one connection attempt to the next.
+type retry struct {
+	attempt int       // failed attempts since the last stable connection
+	started time.Time // when the current attempt to get online began
+}
+
+func (l *link) backoff() backoff {
+	return backoff{min: l.cfg.timing.BackoffMin, max: l.cfg.timing.BackoffMax, rand: l.cfg.rand}
+}
+
+// connect dials until online (then returns, the session carries on) or
+// until ctx ends (then calls done).
+func (l *link) connect(ctx context.Context, done func(), r retry) {
+	bo := l.backoff()
 	for ctx.Err() == nil {
 		l.status.set(StateConnecting, l.status.get().LastError, "")
-		c, shutdown, err := l.dial(ctx)
+		s := &session{l: l, ctx: ctx, done: done, retry: r, ready: make(chan struct{})}
+		c, err := l.dial(ctx, s)
 		if ctx.Err() != nil {
 			if c != nil {
+				s.abandon()
 				_ = c.Close()
 			}
+			break
+		}
+		if err != nil {
+			if !sleep(ctx, l.failed(err, bo, &r.attempt)) {
+				break
+			}
+			continue
+		}
+		l.mu.Lock()
+		l.conn = c // before the state says online: events sent from then on go up
+		l.mu.Unlock()
+		l.status.update(func(st *Status) { st.OnlineAfterMs = time.Since(r.started).Milliseconds() })
+		l.status.set(StateOnline, "", "")
+		s.watch(c)
+		return
+	}
+	done()
+}
+
+// sleep waits d or until ctx ends; it reports whether ctx is still live.
+func sleep(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// session is one online connection of a link.
+type session struct {
+	l     *link
+	ctx   context.Context
+	done  func()
+	retry retry
+
+	shutdown chan struct{} // a shutdown event arrived
+	ready    chan struct{} // closed once watch set up the session, or it was abandoned
+
+	mu        sync.Mutex
+	c         *occlient.Client
+	abandoned bool
+	onlineAt  time.Time
+	tick      time.Duration
+	watchdog  *time.Timer
+	stopCtx   func() bool
+}
+
+// watch sets up an online session: ctx's end closes the connection, a
+// timer closes it with 4000 when no frame arrived for 2 × tickIntervalMs.
+func (s *session) watch(c *occlient.Client) {
+	tick := c.TickInterval()
+	if tick <= 0 {
+		tick = defaultTickInterval
+	}
+	s.mu.Lock()
+	s.c, s.onlineAt, s.tick = c, time.Now(), tick
+	s.stopCtx = context.AfterFunc(s.ctx, func() { _ = c.Close() })
+	s.watchdog = time.AfterFunc(tick/4, s.check)
+	s.mu.Unlock()
+	close(s.ready)
+}
+
+// abandon marks a session whose connection is closed before it went
+// online: its end must not resume the link.
+func (s *session) abandon() {
+	s.mu.Lock()
+	s.abandoned = true
+	s.mu.Unlock()
+	close(s.ready)
+}
+
+// check is the dead-link watchdog.
+func (s *session) check() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if time.Since(s.c.LastFrame()) > 2*s.tick {
+		s.l.cfg.log.Info("upstream tick timeout", "upstream", s.l.cfg.upstream.Name, "node", s.l.cfg.node.NodeID)
+		go func() { _ = s.c.CloseWith(closeTickTimeout, tickTimeoutReason) }()
+		return
+	}
+	s.watchdog.Reset(s.tick / 4)
+}
+
+// ended runs on the connection's read loop when the connection is over:
+// it decides the wait and resumes connecting on a new goroutine.
+func (s *session) ended(err error) {
+	<-s.ready
+	s.mu.Lock()
+	if s.abandoned {
+		s.mu.Unlock()
+		return
+	}
+	s.watchdog.Stop()
+	s.stopCtx()
+	c, onlineAt, r := s.c, s.onlineAt, s.retry
+	s.mu.Unlock()
+	l := s.l
+	l.mu.Lock()
+	if l.conn == c {
+		l.conn = nil
+	}
+	l.mu.Unlock()
+	if s.ctx.Err() != nil {
+		s.done()
+		return
+	}
+	if time.Since(onlineAt) >= l.cfg.timing.StableAfter {
+		r.attempt = 0
+	}
+	reason := "connection closed"
+	if err != nil {
+		reason = err.Error()
+	}
+	restart := websocket.CloseStatus(err) == closeServiceRestart || len(s.shutdown) > 0
+	var wait time.Duration
+	if restart && r.attempt == 0 {
+		l.status.set(StateConnecting, reason, "") // the gateway said it restarts: be back as soon as it is
+	} else {
+		wait = l.backoff().delay(r.attempt)
+		r.attempt++
+		l.status.set(StateBackoff, reason, "")
+	}
+	r.started = time.Now()
+	go func() {
+		if !sleep(s.ctx, wait) {
+			s.done()
 			return
 		}
-		var wait time.Duration
-		if err != nil {
-			wait = l.failed(err, bo, &attempt)
-		} else {
-			l.status.update(func(s *Status) { s.OnlineAfterMs = time.Since(started).Milliseconds() })
-			l.status.set(StateOnline, "", "")
-			onlineAt := time.Now()
-			restart := l.serve(ctx, c, shutdown)
-			if ctx.Err() != nil {
-				return
-			}
-			if time.Since(onlineAt) >= l.cfg.timing.StableAfter {
-				attempt = 0
-			}
-			reason := "connection closed"
-			if e := c.Err(); e != nil {
-				reason = e.Error()
-			}
-			switch {
-			case restart && attempt == 0:
-				wait = 0 // the gateway said it restarts: be back as soon as it is
-				l.status.set(StateConnecting, reason, "")
-			default:
-				wait = bo.delay(attempt)
-				attempt++
-				l.status.set(StateBackoff, reason, "")
-			}
-			started = time.Now()
-		}
-		if wait > 0 {
-			t := time.NewTimer(wait)
-			select {
-			case <-ctx.Done():
-				t.Stop()
-				return
-			case <-t.C:
-			}
-		}
-	}
+		l.connect(s.ctx, s.done, r)
+	}()
 }
 
 // failed classifies a failed connect, sets the state and returns the wait
@@ -262,7 +383,7 @@ func (r *clientRef) get(ctx context.Context) *occlient.Client {
 
 // dial connects as a node host, offering protocol 4 and falling back to 3
 // (without deviceFamily, as OpenClaw's node host does) on a mismatch.
-func (l *link) dial(ctx context.Context) (*occlient.Client, <-chan struct{}, error) {
+func (l *link) dial(ctx context.Context, s *session) (*occlient.Client, error) {
 	opts := occlient.Options{
 		URL: l.cfg.upstream.URL, Token: l.cfg.upstream.Token,
 		Role: "node", Scopes: []string{}, Identity: l.cfg.identity,
@@ -274,20 +395,18 @@ func (l *link) dial(ctx context.Context) (*occlient.Client, <-chan struct{}, err
 	if opts.Version == "" {
 		opts.Version = "unknown"
 	}
+	s.shutdown = make(chan struct{}, 1)
+	opts.OnClose = s.ended
 	for {
 		ref := &clientRef{ready: make(chan struct{})}
-		shutdown := make(chan struct{}, 1)
-		opts.OnEvent = func(ev occlient.Event) { l.onEvent(ref, shutdown, ev) }
+		opts.OnEvent = func(ev occlient.Event) { l.onEvent(ref, s.shutdown, ev) }
 		dctx, cancel := context.WithTimeout(ctx, l.cfg.timing.ConnectTimeout)
 		c, err := occlient.Dial(dctx, opts)
 		cancel()
 		if err == nil {
 			ref.c = c
 			close(ref.ready)
-			l.mu.Lock()
-			l.conn = c
-			l.mu.Unlock()
-			return c, shutdown, nil
+			return c, nil
 		}
 		var oe *occlient.Error
 		if errors.As(err, &oe) && oe.DetailCode() == detailProtocolMismatch && opts.MaxProtocol == protocolCurrent {
@@ -295,45 +414,9 @@ func (l *link) dial(ctx context.Context) (*occlient.Client, <-chan struct{}, err
 			continue
 		}
 		if dctx.Err() != nil && ctx.Err() == nil && oe == nil {
-			return nil, nil, errors.New("connect timed out after " + l.cfg.timing.ConnectTimeout.String())
+			return nil, errors.New("connect timed out after " + l.cfg.timing.ConnectTimeout.String())
 		}
-		return nil, nil, err
-	}
-}
-
-// serve keeps an online connection: it closes it with 4000 when no frame
-// arrived for 2 × tickIntervalMs, and returns when it ends, reporting
-// whether the gateway announced a restart (shutdown event or close 1012).
-func (l *link) serve(ctx context.Context, c *occlient.Client, shutdown <-chan struct{}) (restart bool) {
-	defer func() {
-		l.mu.Lock()
-		if l.conn == c {
-			l.conn = nil
-		}
-		l.mu.Unlock()
-	}()
-	tick := c.TickInterval()
-	if tick <= 0 {
-		tick = defaultTickInterval
-	}
-	check := time.NewTicker(tick / 4)
-	defer check.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			_ = c.Close()
-			<-c.Done()
-			return false
-		case <-c.Done():
-			return websocket.CloseStatus(c.Err()) == closeServiceRestart || len(shutdown) > 0
-		case <-check.C:
-			if time.Since(c.LastFrame()) > 2*tick {
-				l.cfg.log.Info("upstream tick timeout", "upstream", l.cfg.upstream.Name, "node", l.cfg.node.NodeID)
-				_ = c.CloseWith(closeTickTimeout, tickTimeoutReason)
-				<-c.Done()
-				return false
-			}
-		}
+		return nil, err
 	}
 }
 

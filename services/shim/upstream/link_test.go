@@ -187,7 +187,7 @@ func TestLinkClosesDeadLinkAfterTwoTicksAndReconnects(t *testing.T) {
 
 func TestLinkKeepsLiveLinkWithTicks(t *testing.T) {
 	gw := newFakeGateway(t)
-	gw.tickMs, gw.sendTicks = 20, true
+	gw.tickMs, gw.sendTicks = 100, true
 	l := startLink(t, gw, fastTiming, &fakeInvoker{})
 	c := gw.next(t)
 	waitState(t, l, StateOnline)
@@ -196,7 +196,7 @@ func TestLinkKeepsLiveLinkWithTicks(t *testing.T) {
 	select {
 	case code := <-c.closed:
 		t.Fatalf("live link closed with %d", code)
-	case <-time.After(10 * 20 * time.Millisecond):
+	case <-time.After(10 * 100 * time.Millisecond):
 	}
 	if n := gw.connectCount(); n != 1 {
 		t.Fatalf("%d connects, want 1", n)

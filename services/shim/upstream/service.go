@@ -328,10 +328,7 @@ func (s *Service) take(ctx context.Context, w want) {
 	s.held[key] = h
 	s.mu.Unlock()
 	s.log.Info("upstream link taken", "link", key, "holder", s.cfg.Instance)
-	go func() {
-		defer close(h.done)
-		h.link.run(lctx)
-	}()
+	h.link.start(lctx, func() { close(h.done) })
 }
 
 // nodeOf is what a link announces about a device.

@@ -64,9 +64,21 @@ func TestUpstreamModeThroughAnOpenClawGateway(t *testing.T) {
 	if n.DisplayName == "" || !strings.Contains(strings.Join(n.Commands, ","), "mcp.tools.call") {
 		t.Fatalf("upstream node %+v", n)
 	}
-	st := home.Upstreams[0].Status()
-	if len(st) != 1 || st[0].State != upstream.StateOnline || st[0].DeviceID != n.NodeID {
-		t.Fatalf("link status %+v", st)
+	// The upstream lists the node before its hello-ok reaches the link.
+	var st []upstream.Status
+	deadline := time.Now().Add(waitLimit)
+	for {
+		st = home.Upstreams[0].Status()
+		if len(st) == 1 && st[0].State == upstream.StateOnline {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("link status %+v", st)
+		}
+		time.Sleep(5 * time.Millisecond) // polling a state
+	}
+	if st[0].DeviceID != n.NodeID {
+		t.Fatalf("link status %+v, upstream node %s", st, n.NodeID)
 	}
 	t.Logf("link online after %d ms", st[0].OnlineAfterMs)
 
@@ -85,7 +97,7 @@ func TestUpstreamModeThroughAnOpenClawGateway(t *testing.T) {
 		Subject: upstream.Principal("lab"), Object: "*", Action: "mcp.tools.call:self.reboot"}); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(waitLimit)
+	deadline = time.Now().Add(waitLimit)
 	for {
 		_, err = callTool(ctx, remote, n.NodeID, "self.reboot", map[string]any{}, 5*time.Second)
 		if err != nil || time.Now().After(deadline) {
