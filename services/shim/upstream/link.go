@@ -457,30 +457,63 @@ type invokeResult struct {
 	Error       *resultError `json:"error,omitempty"`
 }
 
-func (l *link) handleInvoke(ref *clientRef, raw json.RawMessage) {
+// parsedInvoke is a node.invoke.request as a link acts on it.
+type parsedInvoke struct {
+	id, command, idempotencyKey string
+	params                      json.RawMessage // nil when absent
+	timeout                     time.Duration   // [1 ms, maxInvokeTimeout]
+	// refusal, when set, is the answer: the call is not forwarded.
+	refusal *resultError
+}
+
+// errNoInvokeID: a request without an id cannot be answered.
+var errNoInvokeID = errors.New("node.invoke.request without an id")
+
+// parseInvokeRequest reads a node.invoke.request payload from the
+// upstream. paramsJSON may be null or absent; an undeclared command or
+// params that are not JSON get a refusal rather than an error.
+func parseInvokeRequest(raw []byte) (parsedInvoke, error) {
 	var req invokeRequest
-	if err := json.Unmarshal(raw, &req); err != nil || req.ID == "" {
-		l.cfg.log.Warn("malformed node.invoke.request from upstream", "upstream", l.cfg.upstream.Name)
-		return // without an id there is nothing to answer
+	if err := json.Unmarshal(raw, &req); err != nil {
+		return parsedInvoke{}, err
 	}
-	timeout := defaultInvokeTimeout
+	if req.ID == "" {
+		return parsedInvoke{}, errNoInvokeID
+	}
+	p := parsedInvoke{id: req.ID, command: req.Command, idempotencyKey: req.IdempotencyKey, timeout: defaultInvokeTimeout}
 	if req.TimeoutMs != nil {
-		timeout = min(max(time.Duration(*req.TimeoutMs)*time.Millisecond, time.Millisecond), maxInvokeTimeout)
+		switch ms := *req.TimeoutMs; {
+		case ms >= maxInvokeTimeout.Milliseconds():
+			p.timeout = maxInvokeTimeout
+		case ms < 1:
+			p.timeout = time.Millisecond // OpenClaw: an explicit 0 expires at once
+		default:
+			p.timeout = time.Duration(ms) * time.Millisecond
+		}
 	}
-	res := invokeResult{ID: req.ID, NodeID: l.deviceID}
-	var params json.RawMessage
 	if req.ParamsJSON != nil && *req.ParamsJSON != "" {
-		params = json.RawMessage(*req.ParamsJSON)
+		p.params = json.RawMessage(*req.ParamsJSON)
 	}
 	switch {
 	case !declared(req.Command):
-		res.Error = &resultError{Code: faultUnavailable, Message: commandNotSupported}
-	case params != nil && !json.Valid(params):
-		res.Error = &resultError{Code: faultInvalid, Message: "paramsJSON is not valid JSON"}
-	default:
-		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		p.refusal = &resultError{Code: faultUnavailable, Message: commandNotSupported}
+	case p.params != nil && !json.Valid(p.params):
+		p.refusal = &resultError{Code: faultInvalid, Message: "paramsJSON is not valid JSON"}
+	}
+	return p, nil
+}
+
+func (l *link) handleInvoke(ref *clientRef, raw json.RawMessage) {
+	req, err := parseInvokeRequest(raw)
+	if err != nil {
+		l.cfg.log.Warn("malformed node.invoke.request from upstream", "upstream", l.cfg.upstream.Name, "err", err)
+		return // without an id there is nothing to answer
+	}
+	res := invokeResult{ID: req.id, NodeID: l.deviceID, Error: req.refusal}
+	if req.refusal == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), req.timeout)
 		payload, fault := l.cfg.invoker.Invoke(ctx, Call{Upstream: l.cfg.upstream.Name, Tenant: l.cfg.upstream.Tenant,
-			NodeID: l.cfg.node.NodeID, Command: req.Command, Params: params, IdempotencyKey: req.IdempotencyKey})
+			NodeID: l.cfg.node.NodeID, Command: req.command, Params: req.params, IdempotencyKey: req.idempotencyKey})
 		cancel()
 		if fault != nil {
 			res.Error = &resultError{Code: fault.Code, Message: fault.Message}
