@@ -30,21 +30,30 @@ import (
 
 const refGatewayToken = "ref-gateway-token-0123456789"
 
-// startRefGateway runs `openclaw gateway run` on a free loopback port with
-// its own HOME, configured to admit the MCP bridge commands from nodes, and
-// returns its ws:// URL once /readyz answers.
-func startRefGateway(t *testing.T, bin string, env []string) (url, home string) {
+// refGateway is `openclaw gateway run` on a loopback port with its own
+// HOME, configured to admit the MCP bridge commands from nodes.
+type refGateway struct {
+	t        *testing.T
+	bin      string
+	env      []string
+	home     string
+	port     int
+	cmd      *exec.Cmd
+	log      bytes.Buffer
+	stopOnce func()
+}
+
+func startRefGateway(t *testing.T, bin string, env []string) *refGateway {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	port := l.Addr().(*net.TCPAddr).Port
+	g := &refGateway{t: t, bin: bin, env: env, home: t.TempDir(), port: l.Addr().(*net.TCPAddr).Port}
 	l.Close()
-	home = t.TempDir()
 	cfg := map[string]any{
 		"gateway": map[string]any{
-			"mode": "local", "port": port, "bind": "loopback",
+			"mode": "local", "port": g.port, "bind": "loopback",
 			"auth":      map[string]any{"mode": "token", "token": refGatewayToken},
 			"tailscale": map[string]any{"mode": "off"},
 			"nodes": map[string]any{
@@ -56,41 +65,43 @@ func startRefGateway(t *testing.T, bin string, env []string) (url, home string) 
 		"update":    map[string]any{"checkOnStart": false},
 	}
 	b, _ := json.Marshal(cfg)
-	if err := os.MkdirAll(filepath.Join(home, ".openclaw"), 0o755); err != nil {
+	if err := os.MkdirAll(filepath.Join(g.home, ".openclaw"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(home, ".openclaw", "openclaw.json"), b, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(bin, "gateway", "run", "--port", fmt.Sprint(port), "--bind", "loopback")
-	cmd.Env = append(env, "HOME="+home)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	var log bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &log, &log
-	if err := cmd.Start(); err != nil {
+	if err := os.WriteFile(filepath.Join(g.home, ".openclaw", "openclaw.json"), b, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM) // its own process group, by PID
-		done := make(chan struct{})
-		go func() { _ = cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(15 * time.Second):
-			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-			<-done
-		}
+		g.stop()
 		if t.Failed() {
-			t.Logf("reference gateway output (tail):\n%s", tail(log.String(), 4000))
+			t.Logf("reference gateway output (tail):\n%s", tail(g.log.String(), 4000))
 		}
 	})
+	g.start()
+	return g
+}
+
+func (g *refGateway) url() string { return fmt.Sprintf("ws://127.0.0.1:%d", g.port) }
+
+// start runs the gateway and waits until /readyz answers.
+func (g *refGateway) start() {
+	t := g.t
+	t.Helper()
+	cmd := exec.Command(g.bin, "gateway", "run", "--port", fmt.Sprint(g.port), "--bind", "loopback")
+	cmd.Env = append(g.env, "HOME="+g.home)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Stdout, cmd.Stderr = &g.log, &g.log
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	g.cmd = cmd
 	deadline := time.Now().Add(3 * time.Minute)
 	for {
-		resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/readyz", port))
+		resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/readyz", g.port))
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
-				break
+				return
 			}
 		}
 		if time.Now().After(deadline) {
@@ -98,7 +109,25 @@ func startRefGateway(t *testing.T, bin string, env []string) (url, home string) 
 		}
 		time.Sleep(500 * time.Millisecond) // polling /readyz of a starting process
 	}
-	return fmt.Sprintf("ws://127.0.0.1:%d", port), home
+}
+
+// stop ends the gateway's process group (its own, by PID) with SIGTERM,
+// so it shuts down as on a restart.
+func (g *refGateway) stop() {
+	if g.cmd == nil {
+		return
+	}
+	pid := g.cmd.Process.Pid
+	_ = syscall.Kill(-pid, syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { _ = g.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+		_ = syscall.Kill(-pid, syscall.SIGKILL)
+		<-done
+	}
+	g.cmd = nil
 }
 
 func tail(s string, n int) string {
@@ -110,7 +139,8 @@ func tail(s string, n int) string {
 
 func TestInteropUpstreamRealOpenClawGateway(t *testing.T) {
 	bin, env := openclawref.Require(t)
-	url, gwHome := startRefGateway(t, bin, env)
+	gw := startRefGateway(t, bin, env)
+	url, gwHome := gw.url(), gw.home
 	openclaw := func(args ...string) (string, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 		defer cancel()
@@ -195,6 +225,42 @@ func TestInteropUpstreamRealOpenClawGateway(t *testing.T) {
 	}
 	if dev.Requests("tools/call") != before {
 		t.Fatal("the denied call reached the device")
+	}
+
+	// The gateway restarts: the link comes back on its own, with the same
+	// identity and pairing, and calls work again.
+	gw.stop()
+	waitLink := func(want upstream.State) upstream.Status {
+		t.Helper()
+		deadline := time.Now().Add(3 * time.Minute)
+		for {
+			if s := home.Upstreams[0].Status(); len(s) == 1 && s[0].State == want {
+				return s[0]
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("link not %s: %+v", want, home.Upstreams[0].Status())
+			}
+			time.Sleep(50 * time.Millisecond) // polling a state
+		}
+	}
+	if s := waitLink(upstream.StateBackoff); s.LastError == "" {
+		t.Fatalf("backoff without the reason: %+v", s)
+	}
+	gw.start()
+	if s := waitLink(upstream.StateOnline); s.DeviceID != nodeID {
+		t.Fatalf("another node id after the restart: %+v", s)
+	}
+	deadline = time.Now().Add(time.Minute)
+	for {
+		out, err = openclaw("nodes", "invoke", "--node", nodeID, "--command", "mcp.tools.call",
+			"--params", `{"name":"self.audio_speaker.set_volume","arguments":{"volume":61}}`)
+		if err == nil || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(time.Second) // the node's command surface may take a moment after a restart
+	}
+	if err != nil || dev.Volume() != 61 {
+		t.Fatalf("invoke after the gateway restart: volume %d, %v\n%s", dev.Volume(), err, out)
 	}
 
 	// A wrong token: the link says so and does not spin.
