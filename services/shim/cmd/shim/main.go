@@ -55,6 +55,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	logLevel := fs.String("log-level", env("log-level", "info"), "debug, info, warn or error")
 	logFormat := fs.String("log-format", env("log-format", "json"), "json or text")
 	defTimeout := fs.String("default-timeout", env("default-timeout", "15s"), "deadline of an invoke that carries none")
+	upFlags := addUpstreamFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -87,6 +88,10 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	up, upInvoker, err := upFlags.service(*instance, nc, log)
+	if err != nil {
+		return err
+	}
 	ops, err := telemetry.NewOpsServer(telemetry.OpsConfig{
 		Addr: *opsAddr, Gatherer: reg, LogLevel: level,
 		Checks: []telemetry.Check{telemetry.NATSCheck(nc), telemetry.ChannelCheck("shim", svc.Ready())},
@@ -104,6 +109,12 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	log.Info("shim starting", "version", version, "nats", nc.ConnectedUrlRedacted(), "ops", ops.Addr())
 	g.Go(func() error { return svc.Run(gctx) })
+	if up != nil {
+		g.Go(func() error {
+			defer upInvoker.Close()
+			return up.Run(gctx)
+		})
+	}
 	runErr := g.Wait()
 
 	if err := nc.Drain(); err != nil {
