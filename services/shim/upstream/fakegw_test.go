@@ -29,7 +29,9 @@ type fakeGateway struct {
 
 	tickMs    int64
 	sendTicks bool
-	token     string
+	// silent accepts the WebSocket and never sends the challenge.
+	silent bool
+	token  string
 	// refuse decides, per connect, on an error answer; nil accepts.
 	refuse func(n int, p connectParams) *gwError
 
@@ -118,6 +120,13 @@ func (g *fakeGateway) serve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ctx := context.Background()
+	if g.silent {
+		g.mu.Lock()
+		g.connects = append(g.connects, connectParams{})
+		g.mu.Unlock()
+		_, _, _ = ws.Read(ctx) // until the node gives up
+		return
+	}
 	nonce := "nonce-" + strconv.FormatInt(time.Now().UnixNano(), 10)
 	ts := time.Now().UnixMilli()
 	write := func(v any) error {

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/coder/websocket"
@@ -133,7 +134,14 @@ type link struct {
 
 	mu   sync.Mutex
 	conn *occlient.Client // while online
+
+	inflight atomic.Int32 // invokes from the upstream not answered yet
 }
+
+// maxInflightPerLink bounds the calls one upstream runs at once on one
+// device; more are refused at once rather than queued (a device serves
+// one MCP request at a time anyway).
+const maxInflightPerLink = 16
 
 func newLink(cfg linkConfig) *link {
 	cfg.timing.setDefaults()
@@ -510,7 +518,11 @@ func (l *link) handleInvoke(ref *clientRef, raw json.RawMessage) {
 		return // without an id there is nothing to answer
 	}
 	res := invokeResult{ID: req.id, NodeID: l.deviceID, Error: req.refusal}
-	if req.refusal == nil {
+	if n := l.inflight.Add(1); n > maxInflightPerLink && res.Error == nil {
+		res.Error = &resultError{Code: faultUnavailable, Message: "too many calls in flight for this node"}
+	}
+	defer l.inflight.Add(-1)
+	if res.Error == nil {
 		ctx, cancel := context.WithTimeout(context.Background(), req.timeout)
 		payload, fault := l.cfg.invoker.Invoke(ctx, Call{Upstream: l.cfg.upstream.Name, Tenant: l.cfg.upstream.Tenant,
 			NodeID: l.cfg.node.NodeID, Command: req.command, Params: req.params, IdempotencyKey: req.idempotencyKey})

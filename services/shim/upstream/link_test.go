@@ -3,6 +3,7 @@ package upstream
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
@@ -338,6 +339,72 @@ func TestBackoffBounds(t *testing.T) {
 	for attempt, want := range []time.Duration{1, 2, 4, 8, 16, 30, 30} {
 		if d := b.delay(attempt); d != want*time.Second {
 			t.Fatalf("attempt %d: %s, want %ds", attempt, d, want)
+		}
+	}
+}
+
+func TestLinkGivesUpAConnectAfterTheTimeout(t *testing.T) {
+	gw := newFakeGateway(t)
+	gw.silent = true
+	timing := fastTiming
+	timing.ConnectTimeout = 100 * time.Millisecond
+	l := startLink(t, gw, timing, &fakeInvoker{})
+	st := waitState(t, l, StateBackoff)
+	if !strings.Contains(st.LastError, "connect timed out after 100ms") {
+		t.Fatalf("status %+v", st)
+	}
+	// And it tries again.
+	deadline := time.Now().Add(5 * time.Second)
+	for gw.connectCount() < 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d connects", gw.connectCount())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// blockingInvoker holds every call until release is closed.
+type blockingInvoker struct {
+	started chan struct{}
+	release chan struct{}
+}
+
+func (b *blockingInvoker) Invoke(ctx context.Context, _ Call) (json.RawMessage, *wire.Fault) {
+	b.started <- struct{}{}
+	select {
+	case <-b.release:
+		return json.RawMessage(`{}`), nil
+	case <-ctx.Done():
+		return nil, &wire.Fault{Code: wire.FaultTimeout, Message: "timed out"}
+	}
+}
+
+func TestLinkBoundsCallsInFlight(t *testing.T) {
+	gw := newFakeGateway(t)
+	inv := &blockingInvoker{started: make(chan struct{}, 64), release: make(chan struct{})}
+	l := startLink(t, gw, fastTiming, inv)
+	c := gw.next(t)
+	waitState(t, l, StateOnline)
+	for i := range maxInflightPerLink {
+		c.send(t, "node.invoke.request", map[string]any{"id": fmt.Sprint("held-", i), "nodeId": c.params.Device.ID,
+			"command": "mcp.tools.list", "paramsJSON": nil, "timeoutMs": 10000, "idempotencyKey": fmt.Sprint(i)})
+	}
+	for range maxInflightPerLink {
+		<-inv.started
+	}
+	c.send(t, "node.invoke.request", map[string]any{"id": "over", "nodeId": c.params.Device.ID,
+		"command": "mcp.tools.list", "paramsJSON": nil, "timeoutMs": 10000, "idempotencyKey": "over"})
+	var res invokeResult
+	_ = json.Unmarshal(c.request(t, "node.invoke.result"), &res)
+	if res.ID != "over" || res.OK || res.Error == nil || res.Error.Code != "UNAVAILABLE" {
+		t.Fatalf("call over the bound: %+v", res)
+	}
+	close(inv.release)
+	for range maxInflightPerLink {
+		res = invokeResult{}
+		_ = json.Unmarshal(c.request(t, "node.invoke.result"), &res)
+		if !res.OK {
+			t.Fatalf("held call: %+v", res)
 		}
 	}
 }
