@@ -155,7 +155,19 @@ func TestInteropUpstreamRealOpenClawGateway(t *testing.T) {
 	}
 
 	home := startStack(t, Config{Upstream: upstream.Upstream{Name: "ref", URL: url, Token: refGatewayToken}})
+	hello := time.Now()
 	dev := connectDevices(t, home, 0, 1, 11, nil)[0]
+	for {
+		if s := home.Upstreams[0].Status(); len(s) == 1 && s[0].State == upstream.StateOnline {
+			t.Logf("device hello to online on the real OpenClaw gateway: %s (link connect %d ms)",
+				time.Since(hello).Round(time.Millisecond), s[0].OnlineAfterMs)
+			break
+		}
+		if time.Since(hello) > time.Minute {
+			t.Fatalf("link not online: %+v", home.Upstreams[0].Status())
+		}
+		time.Sleep(2 * time.Millisecond) // polling a state, for the figure
+	}
 
 	// The node shows up with a pairing request; approve it as an OpenClaw
 	// operator would (the device identity itself is paired silently on
