@@ -24,6 +24,20 @@ type Upstream struct {
 	Token  string // the OpenClaw gateway's shared token; never logged
 }
 
+// String leaves the token out, so that printing an Upstream (%v, %+v)
+// never shows it; GoString (%#v) and LogValue (slog) do the same.
+func (u Upstream) String() string {
+	return "upstream " + u.Name + " of tenant " + u.Tenant + " at " + u.URL
+}
+
+// GoString implements fmt.GoStringer without the token.
+func (u Upstream) GoString() string { return u.String() }
+
+// LogValue implements slog.LogValuer without the token.
+func (u Upstream) LogValue() slog.Value {
+	return slog.GroupValue(slog.String("name", u.Name), slog.String("tenant", u.Tenant), slog.String("url", u.URL))
+}
+
 // Validate reports an upstream that cannot be used.
 func (u Upstream) Validate() error {
 	if err := wire.ValidTenant(u.Tenant); err != nil {

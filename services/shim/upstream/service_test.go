@@ -3,7 +3,9 @@ package upstream
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -181,5 +183,20 @@ func TestNodeEventsReachTheUpstream(t *testing.T) {
 	_ = json.Unmarshal(c.request(t, "node.event"), &ev)
 	if ev.Event != wire.EventToolsChanged || ev.PayloadJSON != `{"tools":3}` {
 		t.Fatalf("node.event %+v", ev)
+	}
+}
+
+func TestUpstreamNeverPrintsItsToken(t *testing.T) {
+	u := Upstream{Name: "home", Tenant: "acme", URL: "ws://gw", Token: "s3cret-token"}
+	var logged strings.Builder
+	slog.New(slog.NewTextHandler(&logged, nil)).Info("x", "upstream", u)
+	for _, s := range []string{fmt.Sprint(u), fmt.Sprintf("%+v", u), fmt.Sprintf("%#v", u), logged.String(),
+		fmt.Sprintf("%+v", Config{Upstreams: []Upstream{u}})} {
+		if strings.Contains(s, "s3cret") {
+			t.Fatalf("token printed: %s", s)
+		}
+		if !strings.Contains(s, "home") {
+			t.Fatalf("name missing: %s", s)
+		}
 	}
 }
