@@ -20,6 +20,7 @@ import (
 	"github.com/xiaoclaw/xiaoclaw/cmd/xiaoclaw/internal/devstack"
 	"github.com/xiaoclaw/xiaoclaw/pkg/telemetry"
 	"github.com/xiaoclaw/xiaoclaw/services/gateway/console"
+	"github.com/xiaoclaw/xiaoclaw/services/shim/upstream"
 )
 
 type devFlags struct {
@@ -37,6 +38,9 @@ type devFlags struct {
 	logLevel       string
 	logFormat      string
 	jaegerURL      string
+	upstreamURL    string
+	upstreamToken  string
+	upstreamName   string
 }
 
 // devCredentials persist in the data directory so a restart keeps the
@@ -77,6 +81,9 @@ Ctrl-C (SIGINT) or SIGTERM shuts down gracefully.`,
 	fl.StringVar(&f.adminToken, "admin-token", env("XIAOCLAW_ADMIN_TOKEN"), "global admin token of the admin API (generated when empty)")
 	fl.StringVar(&f.databaseURL, "database-url", env("XIAOCLAW_DATABASE_URL"), "Postgres URL for tenants, credentials and policies (default: SQLite in --data-dir)")
 	fl.StringVar(&f.jaegerURL, "jaeger-url", env("XIAOCLAW_JAEGER_URL"), "Jaeger UI base URL the console links traces to, e.g. http://127.0.0.1:16686 (env XIAOCLAW_JAEGER_URL)")
+	fl.StringVar(&f.upstreamURL, "upstream-url", env("XIAOCLAW_UPSTREAM_URL"), "publish every dev tenant device as a node on this OpenClaw gateway, e.g. ws://127.0.0.1:18790 (env XIAOCLAW_UPSTREAM_URL)")
+	fl.StringVar(&f.upstreamToken, "upstream-token", env("XIAOCLAW_UPSTREAM_TOKEN"), "that OpenClaw gateway's token (env XIAOCLAW_UPSTREAM_TOKEN)")
+	fl.StringVar(&f.upstreamName, "upstream-name", devstack.DefaultUpstreamName, "name of the upstream; its calls are the policy principal upstream:<name>")
 	fl.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fl.StringVar(&f.logFormat, "log-format", "text", "text or json")
 	return cmd
@@ -182,6 +189,11 @@ func runDev(ctx context.Context, f *devFlags, stdout io.Writer) error {
 		DatabaseURL:   f.databaseURL,
 		Log:           log,
 	}
+	if f.upstreamURL != "" {
+		cfg.Upstream = upstream.Upstream{Name: f.upstreamName, URL: f.upstreamURL, Token: f.upstreamToken}
+	} else if f.upstreamToken != "" {
+		return &exitError{exitUsage, errors.New("--upstream-token needs --upstream-url")}
+	}
 	if cfg.Console, err = console.New(console.Config{JaegerURL: f.jaegerURL, Version: version}); err != nil {
 		return &exitError{exitUsage, fmt.Errorf("--jaeger-url: %w", err)}
 	}
@@ -218,12 +230,17 @@ func printBanner(w io.Writer, st *devstack.Stack, c devCredentials, f *devFlags)
 	fmt.Fprintf(&b, "  console    http://%s/ui/    (sign in with the operator or admin token)\n", st.Gateways[0].Addr())
 	switch {
 	case f.natsURL != "":
-		fmt.Fprintf(&b, "  nats       %s (external)\n\n", st.NATSURL())
+		fmt.Fprintf(&b, "  nats       %s (external)\n", st.NATSURL())
 	case st.NATSURL() != "":
-		fmt.Fprintf(&b, "  nats       %s   user %s, password %s\n\n", st.NATSURL(), devstack.NATSUser, c.NATSPassword)
+		fmt.Fprintf(&b, "  nats       %s   user %s, password %s\n", st.NATSURL(), devstack.NATSUser, c.NATSPassword)
 	default:
-		fmt.Fprintf(&b, "  nats       in-process only (--nats-listen exposes it, with a password)\n\n")
+		fmt.Fprintf(&b, "  nats       in-process only (--nats-listen exposes it, with a password)\n")
 	}
+	if len(st.Upstreams) > 0 {
+		u := st.UpstreamConfig()
+		fmt.Fprintf(&b, "  upstream   %s publishes every device (policy principal %s)\n", u.URL, upstream.Principal(u.Name))
+	}
+	fmt.Fprintln(&b)
 	fmt.Fprintf(&b, "Try, in another terminal:\n")
 	fmt.Fprintf(&b, "  xiaoclaw sim --url %s --token %s --count 3\n", st.DeviceURL(0), c.DeviceToken)
 	fmt.Fprintf(&b, "  XIAOCLAW_URL=%s XIAOCLAW_TOKEN=%s xiaoclaw nodes\n", st.GatewayURL(0), c.OperatorToken)

@@ -37,9 +37,22 @@ type Options struct {
 	ClientID, Mode, Version, Platform string
 	// Protocol range; default 3..4.
 	MinProtocol, MaxProtocol int
+	// Node host claims (role "node"): client.displayName, client.deviceFamily
+	// (signed into the v3 device proof), client.instanceId (random when
+	// empty), caps and commands.
+	DisplayName, DeviceFamily, InstanceID string
+	Caps, Commands                        []string
+	// DiscardHello drops the hello-ok payload after the handshake (Hello
+	// returns nil): a real gateway's lists of methods and events weigh
+	// about 15 KB, too much to keep per connection when there are many.
+	DiscardHello bool
 	// OnEvent receives every event frame after the handshake (tick excluded).
 	// It runs on the read loop: keep it short.
 	OnEvent func(Event)
+	// OnClose runs once on the read loop's goroutine after the connection
+	// ended and Done is closed, with the error Err returns; a caller can
+	// react to the end without a goroutine of its own waiting on Done.
+	OnClose func(error)
 }
 
 // Event is a server event frame.
@@ -88,14 +101,16 @@ type result struct {
 
 // Client is one authenticated gateway connection.
 type Client struct {
-	conn    *websocket.Conn
-	opts    Options
-	hello   json.RawMessage
-	nextID  atomic.Uint64
-	mu      sync.Mutex
-	pending map[string]chan result
-	closed  chan struct{}
-	err     error
+	lastFrame atomic.Int64 // unix ms of the last frame read, ticks included
+	conn      *websocket.Conn
+	opts      Options
+	hello     json.RawMessage
+	tick      time.Duration
+	nextID    atomic.Uint64
+	mu        sync.Mutex
+	pending   map[string]chan result
+	closed    chan struct{}
+	err       error
 }
 
 // Dial connects and completes the handshake.
@@ -155,16 +170,34 @@ func (c *Client) handshake(ctx context.Context) error {
 			break
 		}
 	}
+	instanceID := c.opts.InstanceID
+	if instanceID == "" {
+		instanceID = randomID()
+	}
+	client := map[string]any{
+		"id": c.opts.ClientID, "version": c.opts.Version, "platform": c.opts.Platform,
+		"mode": c.opts.Mode, "instanceId": instanceID,
+	}
+	if c.opts.DisplayName != "" {
+		client["displayName"] = c.opts.DisplayName
+	}
+	if c.opts.DeviceFamily != "" {
+		client["deviceFamily"] = c.opts.DeviceFamily
+	}
+	caps := c.opts.Caps
+	if caps == nil {
+		caps = []string{}
+	}
 	params := map[string]any{
 		"minProtocol": c.opts.MinProtocol,
 		"maxProtocol": c.opts.MaxProtocol,
-		"client": map[string]any{
-			"id": c.opts.ClientID, "version": c.opts.Version, "platform": c.opts.Platform,
-			"mode": c.opts.Mode, "instanceId": randomID(),
-		},
-		"role":   c.opts.Role,
-		"scopes": c.opts.Scopes,
-		"caps":   []string{},
+		"client":      client,
+		"role":        c.opts.Role,
+		"scopes":      c.opts.Scopes,
+		"caps":        caps,
+	}
+	if c.opts.Commands != nil {
+		params["commands"] = c.opts.Commands
 	}
 	if c.opts.Token != "" {
 		params["auth"] = map[string]any{"token": c.opts.Token}
@@ -189,7 +222,16 @@ func (c *Client) handshake(ctx context.Context) error {
 				}
 				return errors.New("connect refused")
 			}
-			c.hello = f.Payload
+			var h struct {
+				Policy struct {
+					TickIntervalMs int64 `json:"tickIntervalMs"`
+				} `json:"policy"`
+			}
+			_ = json.Unmarshal(f.Payload, &h)
+			c.tick = time.Duration(h.Policy.TickIntervalMs) * time.Millisecond
+			if !c.opts.DiscardHello {
+				c.hello = f.Payload
+			}
 			return nil
 		}
 	}
@@ -207,7 +249,7 @@ func (c *Client) signDevice(nonce string, ts int64) map[string]any {
 	}
 	payload := strings.Join([]string{"v3", deviceID, c.opts.ClientID, c.opts.Mode, c.opts.Role,
 		strings.Join(c.opts.Scopes, ","), strconv.FormatInt(ts, 10), c.opts.Token, nonce,
-		strings.ToLower(strings.TrimSpace(c.opts.Platform)), ""}, "|")
+		asciiLower(strings.TrimSpace(c.opts.Platform)), asciiLower(strings.TrimSpace(c.opts.DeviceFamily))}, "|")
 	sig := ed25519.Sign(c.opts.Identity, []byte(payload))
 	return map[string]any{
 		"id":        deviceID,
@@ -218,16 +260,51 @@ func (c *Client) signDevice(nonce string, ts int64) map[string]any {
 	}
 }
 
+// asciiLower lower-cases ASCII letters only, as OpenClaw normalizes the
+// signed platform and device family.
+func asciiLower(s string) string {
+	b := []byte(s)
+	for i, c := range b {
+		if c >= 'A' && c <= 'Z' {
+			b[i] = c + ('a' - 'A')
+		}
+	}
+	return string(b)
+}
+
 func (c *Client) readFrame(ctx context.Context, f *frame) error {
 	_, b, err := c.conn.Read(ctx)
 	if err != nil {
 		return err
 	}
+	c.lastFrame.Store(time.Now().UnixMilli())
 	return json.Unmarshal(b, f)
 }
 
+// LastFrame returns when the last frame (a tick included) arrived.
+func (c *Client) LastFrame() time.Time { return time.UnixMilli(c.lastFrame.Load()) }
+
+// Err returns why the connection ended, once Done is closed; the WebSocket
+// close status is in the chain (websocket.CloseStatus).
+func (c *Client) Err() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.err
+}
+
+// CloseWith closes the connection with a status code and reason, e.g.
+// 4000 "tick timeout".
+func (c *Client) CloseWith(code websocket.StatusCode, reason string) error {
+	return c.conn.Close(code, reason)
+}
+
 func (c *Client) readLoop() {
-	defer close(c.closed)
+	defer func() {
+		close(c.closed)
+		if c.opts.OnClose != nil {
+			c.opts.OnClose(c.Err())
+		}
+	}()
 	for {
 		var f frame
 		if err := c.readFrame(context.Background(), &f); err != nil {
@@ -270,8 +347,11 @@ func (c *Client) fail(err error) {
 	}
 }
 
-// Hello returns the hello-ok payload.
+// Hello returns the hello-ok payload (nil with Options.DiscardHello).
 func (c *Client) Hello() json.RawMessage { return c.hello }
+
+// TickInterval returns hello-ok's policy.tickIntervalMs; 0 when absent.
+func (c *Client) TickInterval() time.Duration { return c.tick }
 
 // Call sends a request and waits for its response payload.
 func (c *Client) Call(ctx context.Context, method string, params any) (json.RawMessage, error) {

@@ -399,3 +399,19 @@ func TestConcurrentDecisionsDuringChanges(t *testing.T) {
 	}
 	f.expect(toolCall(opAlice, "xz-1", setVolume, `{"volume":99}`), true, "")
 }
+
+func TestUpstreamPrincipal(t *testing.T) {
+	f := newFixture(t)
+	f.tenant("acme", tenancy.EffectAllow)
+	up := access.Principal{Tenant: "acme", ID: "upstream:home", Name: "upstream home", Role: access.RoleOperator}
+	deny := f.rule("acme", "deny", "upstream:home", "*", "mcp.tools.call:self.reboot", "")
+	f.expect(toolCall(up, "xz-111111111111", "self.reboot", ""), false, deny)
+	f.expect(toolCall(up, "xz-111111111111", "self.get_status", ""), true, "")
+	f.expect(toolCall(opAlice, "xz-111111111111", "self.reboot", ""), true, "") // only the upstream
+	for _, bad := range []string{"upstream:", "upstream:a.b", "upstream:a b"} {
+		if _, err := f.mgr.AddRule(context.Background(), tenancy.Rule{Tenant: "acme", Effect: "deny", Subject: bad,
+			Object: "*", Action: "*"}); err == nil {
+			t.Errorf("subject %q accepted", bad)
+		}
+	}
+}

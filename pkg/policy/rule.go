@@ -23,6 +23,9 @@ const (
 	SubjectAny  = "*"
 	RolePrefix  = "role:"
 	GroupPrefix = "group:"
+	// UpstreamPrefix starts the principal id of the calls an OpenClaw
+	// gateway sends to devices published to it: "upstream:<name>".
+	UpstreamPrefix = "upstream:"
 )
 
 // Action is the policy action of a command: the command itself, or
@@ -55,8 +58,9 @@ func validPattern(s string) bool {
 // CheckRule validates a rule and rewrites it to canonical form; it is the
 // tenancy.ManagerConfig.CheckRule of a deployment.
 //
-//   - Subject: "*", a role ("role:operator", or just "operator"), or a
-//     principal id (e.g. a token id "tok_…").
+//   - Subject: "*", a role ("role:operator", or just "operator"), a
+//     principal id (e.g. a token id "tok_…"), or an upstream OpenClaw
+//     gateway "upstream:<name>".
 //   - Object: "*", a node id glob ("xz-*", "?" is one character), or a node
 //     group "group:<name>".
 //   - Action: a command or a glob of commands ("system.*", "*"); tool calls
@@ -107,8 +111,14 @@ func canonicalSubject(s string) (string, error) {
 		}
 		return "", fmt.Errorf("subject %q: roles are admin, operator and viewer", s)
 	}
+	if name, ok := strings.CutPrefix(s, UpstreamPrefix); ok {
+		if wire.ValidNodeID(name) != nil {
+			return "", fmt.Errorf("subject %q: upstream names are [A-Za-z0-9_-]", s)
+		}
+		return s, nil
+	}
 	if err := wire.ValidNodeID(s); err != nil { // same alphabet as principal ids
-		return "", fmt.Errorf("subject %q must be *, role:<role> or a principal id of [A-Za-z0-9_-]", s)
+		return "", fmt.Errorf("subject %q must be *, role:<role>, upstream:<name> or a principal id of [A-Za-z0-9_-]", s)
 	}
 	return s, nil
 }

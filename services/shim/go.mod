@@ -3,6 +3,7 @@ module github.com/xiaoclaw/xiaoclaw/services/shim
 go 1.26.0
 
 require (
+	github.com/coder/websocket v1.8.15
 	github.com/nats-io/nats.go v1.55.0
 	github.com/prometheus/client_golang v1.25.0
 	github.com/santhosh-tekuri/jsonschema/v6 v6.0.3

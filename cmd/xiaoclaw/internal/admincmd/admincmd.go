@@ -452,7 +452,7 @@ func policyCommand(env func(string) string) *cobra.Command {
 	requireTenant(add, &tenant)
 	f := add.Flags()
 	f.StringVar(&req.Effect, "effect", "", "allow or deny (required)")
-	f.StringVar(&req.Subject, "subject", "*", `"*", a role (operator, role:admin) or a principal id such as a token id`)
+	f.StringVar(&req.Subject, "subject", "*", `"*", a role (operator, role:admin) a principal id such as a token id, or upstream:<name> (calls from an upstream OpenClaw gateway)`)
 	f.StringVar(&req.Object, "object", "*", `"*", a node id glob (xz-*) or group:<name>`)
 	f.StringVar(&req.Action, "action", "", "a command or command glob, or mcp.tools.call:<tool or glob> (required)")
 	f.StringVar(&req.When, "when", "", `argument predicate on a tool call, e.g. 'volume > 60'`)

@@ -30,6 +30,7 @@ import (
 	"github.com/xiaoclaw/xiaoclaw/services/devicehub"
 	"github.com/xiaoclaw/xiaoclaw/services/gateway"
 	"github.com/xiaoclaw/xiaoclaw/services/shim"
+	"github.com/xiaoclaw/xiaoclaw/services/shim/upstream"
 )
 
 // DevTenant is the tenant seeded by the development system.
@@ -96,10 +97,16 @@ type Config struct {
 	// (services/gateway/console).
 	Console http.Handler
 
+	// Upstream, when its URL is set, publishes every device of the dev
+	// tenant as a node on that OpenClaw gateway (services/shim/upstream):
+	// one upstream worker beside each shim replica.
+	Upstream upstream.Upstream
+
 	// Tune lets tests and benchmarks adjust each service's config.
-	TuneHub     func(*devicehub.Config)
-	TuneShim    func(*shim.Config)
-	TuneGateway func(*gateway.Config)
+	TuneHub      func(*devicehub.Config)
+	TuneShim     func(*shim.Config)
+	TuneGateway  func(*gateway.Config)
+	TuneUpstream func(*upstream.Config)
 
 	Log *slog.Logger
 }
@@ -139,6 +146,12 @@ type Stack struct {
 	Hubs     []*devicehub.Service
 	Shims    []*shim.Service
 	Gateways []*gateway.Service
+	// Upstreams are the upstream workers, one per shim replica, when
+	// Config.Upstream is set.
+	Upstreams []*upstream.Service
+	// upstreamToken authenticates the upstream workers to the gateway as
+	// the principal upstream:<name>.
+	upstreamToken string
 	// Tenancy is the tenants, credentials and policy store shared by all
 	// replicas (each would open its own in production).
 	Tenancy *Tenancy
@@ -178,6 +191,17 @@ func Start(ctx context.Context, cfg Config) (*Stack, error) {
 		return nil, errors.New("devstack: DeviceToken and OperatorToken are required")
 	}
 	s := &Stack{cfg: cfg, ctx: ctx}
+	if cfg.Upstream.URL != "" {
+		if cfg.Upstream.Name == "" {
+			cfg.Upstream.Name = DefaultUpstreamName
+		}
+		cfg.Upstream.Tenant = DevTenant
+		if err := cfg.Upstream.Validate(); err != nil {
+			return nil, fmt.Errorf("devstack: %w", err)
+		}
+		s.cfg = cfg
+		s.upstreamToken = "devupstream_" + randomSecret()
+	}
 	if cfg.NATSURL != "" {
 		s.natsURL = cfg.NATSURL
 	} else {
@@ -224,7 +248,7 @@ func Start(ctx context.Context, cfg Config) (*Stack, error) {
 		s.Close()
 		return nil, fmt.Errorf("activations: %w", err)
 	}
-	if s.Tenancy, err = openTenancy(ctx, cfg, tnc, s.Activations, cfg.Log); err != nil {
+	if s.Tenancy, err = openTenancy(ctx, s.cfg, s.upstreamToken, tnc, s.Activations, cfg.Log); err != nil {
 		s.Close()
 		return nil, err
 	}
@@ -271,6 +295,14 @@ func Start(ctx context.Context, cfg Config) (*Stack, error) {
 		if _, err := s.AddGateway(fmt.Sprintf("gateway-%d", i+1), addr); err != nil {
 			s.Close()
 			return nil, err
+		}
+	}
+	if s.upstreamToken != "" {
+		for i := range cfg.Shims {
+			if _, err := s.AddUpstream(fmt.Sprintf("upstream-%d", i+1)); err != nil {
+				s.Close()
+				return nil, err
+			}
 		}
 	}
 	return s, nil
@@ -385,6 +417,33 @@ func (s *Stack) AddShim(name string) (*Component, error) {
 		svc, err := shim.New(cfg, nc, s.cfg.Log)
 		return svc, svc, err
 	}, func(svc *shim.Service) { s.Shims = append(s.Shims, svc) })
+}
+
+// UpstreamConfig returns the upstream the stack publishes to (Tenant and
+// Name filled in); its URL is empty when there is none.
+func (s *Stack) UpstreamConfig() upstream.Upstream { return s.cfg.Upstream }
+
+// AddUpstream starts another upstream worker for Config.Upstream; its
+// calls go through the first gateway as the principal upstream:<name>.
+func (s *Stack) AddUpstream(name string) (*Component, error) {
+	if s.upstreamToken == "" {
+		return nil, errors.New("devstack: no upstream configured")
+	}
+	inv := &upstream.GatewayInvoker{URL: s.GatewayURL(0), Tokens: map[string]string{s.cfg.Upstream.Name: s.upstreamToken}}
+	cfg := upstream.Config{Instance: name, Upstreams: []upstream.Upstream{s.cfg.Upstream}, Invoker: inv}
+	if s.cfg.TuneUpstream != nil {
+		s.cfg.TuneUpstream(&cfg)
+	}
+	return add(s, name, func(nc *nats.Conn) (*upstream.Service, runner, error) {
+		svc, err := upstream.New(cfg, nc, s.cfg.Log)
+		if err != nil {
+			return nil, nil, err
+		}
+		return svc, readyAtOnce(func(ctx context.Context) error {
+			defer inv.Close()
+			return svc.Run(ctx)
+		}), nil
+	}, func(svc *upstream.Service) { s.Upstreams = append(s.Upstreams, svc) })
 }
 
 // AddGateway starts another gateway replica listening on addr.

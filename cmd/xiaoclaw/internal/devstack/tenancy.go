@@ -2,6 +2,8 @@ package devstack
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -17,6 +19,7 @@ import (
 	"github.com/xiaoclaw/xiaoclaw/pkg/tenancy"
 	"github.com/xiaoclaw/xiaoclaw/services/devicehub"
 	"github.com/xiaoclaw/xiaoclaw/services/gateway/adminapi"
+	"github.com/xiaoclaw/xiaoclaw/services/shim/upstream"
 )
 
 // Tenancy is the tenants, credentials and policy store with everything
@@ -39,7 +42,7 @@ type Tenancy struct {
 
 // openTenancy opens the store (Postgres when databaseURL is set, else SQLite
 // in dataDir), migrates it, seeds the dev tenant and builds the rest.
-func openTenancy(ctx context.Context, cfg Config, nc *nats.Conn, acts activation.Store, log *slog.Logger) (*Tenancy, error) {
+func openTenancy(ctx context.Context, cfg Config, upstreamToken string, nc *nats.Conn, acts activation.Store, log *slog.Logger) (*Tenancy, error) {
 	var (
 		store *tenancy.SQLStore
 		err   error
@@ -76,7 +79,12 @@ func openTenancy(ctx context.Context, cfg Config, nc *nats.Conn, acts activation
 	if t.Policy, err = policy.New(policy.Config{Store: store, Log: log}); err != nil {
 		return fail(err)
 	}
-	t.OperatorAuth = tenancy.OperatorChain{access.StaticTokens{cfg.OperatorToken: devOperator}, t.Operator}
+	static := access.StaticTokens{cfg.OperatorToken: devOperator}
+	if upstreamToken != "" {
+		static[upstreamToken] = access.Principal{Tenant: DevTenant, ID: upstream.Principal(cfg.Upstream.Name),
+			Name: "upstream " + cfg.Upstream.Name, Role: access.RoleOperator}
+	}
+	t.OperatorAuth = tenancy.OperatorChain{static, t.Operator}
 	devCreds := devicehub.StaticCredentials{Token: cfg.DeviceToken, Tenant: DevTenant}
 	t.DeviceAuth = tenancy.DeviceChain{devCreds, t.Devices}
 	t.DeviceMinter = minterByTenant{dev: devCreds, other: t.Devices}
@@ -111,6 +119,17 @@ func (m minterByTenant) MintDeviceToken(ctx context.Context, tenant, clientID, d
 
 func (m minterByTenant) MintMQTTCredentials(ctx context.Context, tenant, clientID string) (string, string, error) {
 	return m.pick(tenant).MintMQTTCredentials(ctx, tenant, clientID)
+}
+
+// DefaultUpstreamName names the dev tenant's upstream when none is given;
+// its calls are the principal "upstream:openclaw".
+const DefaultUpstreamName = "openclaw"
+
+// randomSecret returns 128 random bits, hex-encoded.
+func randomSecret() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
 }
 
 // devOperator is the principal of the dev tenant's static operator token:

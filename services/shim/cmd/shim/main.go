@@ -64,6 +64,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	maxInFlight := fs.String("max-inflight", env("max-inflight", "10000"), "invokes the replica runs at once; more fail with BUSY")
 	tenantInFlight := fs.String("tenant-max-inflight", env("tenant-max-inflight", "0"), "a tenant's default share: its invokes the replica runs at once, more fail with RATE_LIMITED; 0: a tenth of --max-inflight. The tenant record's limit replaces it")
 	deviceInFlight := fs.String("device-max-inflight", env("device-max-inflight", "32"), "a tenant's default share per device: invokes to one device the replica runs at once, more fail with BUSY. The tenant record's limit replaces it")
+	upFlags := addUpstreamFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -113,6 +114,10 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	up, upInvoker, err := upFlags.service(*instance, nc, log)
+	if err != nil {
+		return err
+	}
 	ops, err := telemetry.NewOpsServer(telemetry.OpsConfig{
 		Addr: *opsAddr, Gatherer: reg, LogLevel: level,
 		Checks: []telemetry.Check{telemetry.NATSCheck(nc), telemetry.ChannelCheck("shim", svc.Ready())},
@@ -130,6 +135,12 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	log.Info("shim starting", "version", version, "nats", nc.ConnectedUrlRedacted(), "ops", ops.Addr())
 	g.Go(func() error { return svc.Run(gctx) })
+	if up != nil {
+		g.Go(func() error {
+			defer upInvoker.Close()
+			return up.Run(gctx)
+		})
+	}
 	runErr := g.Wait()
 
 	if err := nc.Drain(); err != nil {
