@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"text/tabwriter"
@@ -11,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
 
+	"github.com/xiaoclaw/xiaoclaw/pkg/natsauth"
 	"github.com/xiaoclaw/xiaoclaw/services/shim/upstream"
 )
 
@@ -20,20 +22,26 @@ func upstreamCommand(env func(string) string, stdout io.Writer) *cobra.Command {
 	cmd := &cobra.Command{Use: "upstream", Short: "Devices published as nodes on OpenClaw gateways (upstream mode)"}
 	var natsURL string
 	var asJSON bool
+	var creds natsauth.Credentials
 	status := &cobra.Command{
 		Use:   "status",
 		Short: "State of every device's link to its upstream OpenClaw gateways",
 		Long: `Lists each (device, upstream) link held by a shim worker: connecting, pairing (with the
 upstream's requestId to approve), online, backoff or disabled (credentials refused), the last
-error and the holder. Reads the lease bucket on NATS (xiaoclaw dev prints its NATS URL).`,
+error and the holder. Reads the lease bucket on NATS: xiaoclaw dev --nats-listen prints its URL,
+user and password.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if natsURL == "" {
-				return &exitError{exitUsage, fmt.Errorf("--nats-url is required (xiaoclaw dev prints it)")}
+				return &exitError{exitUsage, fmt.Errorf("--nats-url is required (xiaoclaw dev --nats-listen prints it)")}
+			}
+			opts, err := creds.Options()
+			if err != nil {
+				return &exitError{exitUsage, err}
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), 10*time.Second)
 			defer cancel()
-			nc, err := nats.Connect(natsURL, nats.Name("xiaoclaw upstream status"), nats.Timeout(5*time.Second))
+			nc, err := nats.Connect(natsURL, append(opts, nats.Name("xiaoclaw upstream status"), nats.Timeout(5*time.Second))...)
 			if err != nil {
 				return &exitError{exitConnect, err}
 			}
@@ -65,6 +73,9 @@ error and the holder. Reads the lease bucket on NATS (xiaoclaw dev prints its NA
 	}
 	status.Flags().StringVar(&natsURL, "nats-url", env("XIAOCLAW_NATS_URL"), "NATS server of the deployment (env XIAOCLAW_NATS_URL)")
 	status.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	credFlags := flag.NewFlagSet("nats", flag.ContinueOnError)
+	creds.Register(credFlags, env)
+	status.Flags().AddGoFlagSet(credFlags)
 	cmd.AddCommand(status)
 	return cmd
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/xiaoclaw/xiaoclaw/cmd/xiaoclaw/internal/devstack"
+	"github.com/xiaoclaw/xiaoclaw/pkg/natsauth"
 	"github.com/xiaoclaw/xiaoclaw/pkg/xzsim"
 	"github.com/xiaoclaw/xiaoclaw/services/shim/upstream"
 )
@@ -23,7 +24,9 @@ func TestUpstreamStatusCLI(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer up.Close()
+	const natsPassword = "upstream-status-test"
 	st, err := devstack.Start(ctx, devstack.Config{DataDir: t.TempDir(), DeviceToken: "dtok", OperatorToken: "otok",
+		NATSListen: "127.0.0.1:0", NATSPassword: natsPassword,
 		Upstream: upstream.Upstream{Name: "lab", URL: up.GatewayURL(0), Token: "wrong-token"}})
 	if err != nil {
 		t.Fatal(err)
@@ -40,7 +43,9 @@ func TestUpstreamStatusCLI(t *testing.T) {
 	}
 	defer dev.Close()
 
-	env := func(k string) string { return map[string]string{"XIAOCLAW_NATS_URL": st.NATSURL()}[k] }
+	env := func(k string) string {
+		return map[string]string{"XIAOCLAW_NATS_URL": st.NATSURL(), natsauth.EnvUser: devstack.NATSUser, natsauth.EnvPassword: natsPassword}[k]
+	}
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		var out, errb bytes.Buffer
