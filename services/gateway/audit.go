@@ -43,7 +43,15 @@ type InvokeAudit struct {
 	// and its frame carried no traceparent.
 	TraceID string
 	SpanID  string
+	// Via is ViaMCP for a call that came over the MCP endpoint, "" for the
+	// WebSocket's node.invoke; Client is then the MCP client's
+	// "name/version" from initialize.
+	Via    string
+	Client string
 }
+
+// ViaMCP marks an InvokeAudit of a call made through the MCP endpoint.
+const ViaMCP = "mcp"
 
 // Auditor is told about every node.invoke once, just before the operator
 // gets the answer. It runs on the invoke path: keep it fast (enqueue, do not

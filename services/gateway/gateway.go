@@ -35,6 +35,7 @@ import (
 	"github.com/xiaoclaw/xiaoclaw/services/gateway/internal/idempotency"
 	"github.com/xiaoclaw/xiaoclaw/services/gateway/internal/protocol"
 	"github.com/xiaoclaw/xiaoclaw/services/gateway/internal/registry"
+	"github.com/xiaoclaw/xiaoclaw/services/gateway/mcpserver"
 )
 
 // Config configures a gateway. Zero values take the documented defaults.
@@ -103,6 +104,9 @@ type Config struct {
 	ShutdownGrace time.Duration
 	// RestartExpected is sent as shutdown.restartExpectedMs (0 omits it).
 	RestartExpected time.Duration
+
+	// MCP configures the MCP endpoint /mcp (docs/mcp.md).
+	MCP MCPConfig
 }
 
 func (c *Config) setDefaults() {
@@ -207,6 +211,8 @@ type Service struct {
 
 	tracer  trace.Tracer
 	metrics invokeMetrics
+
+	mcp *mcpserver.Server // nil when Config.MCP.Disabled
 }
 
 // New checks cfg and binds its listen address; Run serves it.
@@ -247,6 +253,12 @@ func New(cfg Config, nc *nats.Conn, log *slog.Logger) (*Service, error) {
 	if s.metrics, err = newInvokeMetrics(cfg.Registerer); err != nil {
 		ln.Close()
 		return nil, fmt.Errorf("gateway: %w", err)
+	}
+	if !cfg.MCP.Disabled {
+		if s.mcp, err = s.newMCPServer(); err != nil {
+			ln.Close()
+			return nil, fmt.Errorf("gateway: %w", err)
+		}
 	}
 	s.http = &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	return s, nil
@@ -298,6 +310,9 @@ func (s *Service) Run(ctx context.Context) error {
 		return err
 	}
 	s.reg.OnChange(s.onRegistryChange)
+	if s.mcp != nil {
+		s.reg.OnChange(s.mcp.NodeChanged)
+	}
 	regErr := make(chan error, 1)
 	go func() { regErr <- s.reg.Run(runCtx) }()
 	select {
@@ -405,6 +420,11 @@ func (s *Service) Handler() http.Handler {
 	}
 	if s.cfg.AdminAPI != nil {
 		mux.Handle("/api/", s.cfg.AdminAPI)
+	}
+	if s.mcp != nil {
+		for _, p := range []string{"/mcp", "/mcp/", mcpserver.ProtectedResourcePath} {
+			mux.Handle(p, s.mcp.Handler())
+		}
 	}
 	mux.HandleFunc("/", s.serveWebSocket)
 	return mux

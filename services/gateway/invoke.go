@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -18,10 +19,28 @@ import (
 	"github.com/xiaoclaw/xiaoclaw/services/gateway/internal/registry"
 )
 
+// invokeOrigin is who asked for a node.invoke: an operator's WebSocket
+// connection or an MCP session (mcp.go). From Service.invoke on, both take
+// one path: params, node, declared command, tool-call parser, policy,
+// in-flight cap, idempotency, audit, tracing and the NATS request.
+type invokeOrigin struct {
+	principal   access.Principal
+	protocol    int             // WebSocket protocol version (the shape of a denial)
+	ctx         context.Context // parent of the call's span
+	requestID   string
+	traceparent string
+	via         string        // the audit's Via: "" (WebSocket) or ViaMCP
+	client      string        // the MCP client's name/version, for the audit
+	inflight    *atomic.Int64 // the origin's calls in flight, capped by MaxInflightPerConn
+	// answer is called once per call: with the result payload, or with
+	// the error (e != nil).
+	answer func(result []byte, e *protocol.Error)
+}
+
 // invokeCall is one node.invoke on its way through the gateway.
 type invokeCall struct {
-	c        *conn
-	reqID    string
+	s        *Service
+	o        *invokeOrigin
 	inv      protocol.NodeInvoke
 	node     *registry.Node
 	subject  string
@@ -33,17 +52,29 @@ type invokeCall struct {
 	span *telemetry.Span
 }
 
-// handleNodeInvoke runs the checks that need no network (params, node,
-// declared command, policy) in the read loop, then hands the call to a
-// goroutine for the idempotency claim and the NATS request.
+// handleNodeInvoke answers node.invoke on the connection.
 func (c *conn) handleNodeInvoke(req protocol.Request) {
-	s := c.s
-	call := &invokeCall{c: c, reqID: req.ID}
-	call.audit = InvokeAudit{Time: time.Now(), Instance: s.cfg.Instance, RequestID: req.ID, Principal: c.principal}
-	call.ctx, call.span = telemetry.StartOperatorRequest(c.ctx, s.tracer, protocol.MethodNodeInvoke, req.Traceparent,
-		telemetry.CallInfo{Tenant: c.principal.Tenant, Principal: c.principal.ID})
+	c.s.invoke(&invokeOrigin{principal: c.principal, protocol: c.protocol, ctx: c.ctx, requestID: req.ID,
+		traceparent: req.Traceparent, inflight: &c.inflight, answer: func(result []byte, e *protocol.Error) {
+			if e != nil {
+				c.send(protocol.AppendErrorResponse(nil, req.ID, e))
+				return
+			}
+			c.send(protocol.AppendResponse(make([]byte, 0, len(result)+len(req.ID)+40), req.ID, result))
+		}}, req.Params)
+}
+
+// invoke runs the checks that need no network (params, node, declared
+// command, policy) on the caller's goroutine, then hands the call to a
+// goroutine for the idempotency claim and the NATS request.
+func (s *Service) invoke(o *invokeOrigin, params json.RawMessage) {
+	call := &invokeCall{s: s, o: o}
+	call.audit = InvokeAudit{Time: time.Now(), Instance: s.cfg.Instance, RequestID: o.requestID, Principal: o.principal,
+		Via: o.via, Client: o.client}
+	call.ctx, call.span = telemetry.StartOperatorRequest(o.ctx, s.tracer, protocol.MethodNodeInvoke, o.traceparent,
+		telemetry.CallInfo{Tenant: o.principal.Tenant, Principal: o.principal.ID})
 	call.audit.TraceID, call.audit.SpanID = telemetry.TraceIDs(call.ctx)
-	inv, perr := protocol.ParseNodeInvoke(req.Params)
+	inv, perr := protocol.ParseNodeInvoke(params)
 	if perr != nil {
 		call.reject(perr, OutcomeRejected)
 		return
@@ -54,7 +85,7 @@ func (c *conn) handleNodeInvoke(req protocol.Request) {
 		call.reject(protocol.ExecApprovalsNotInvokable(inv.Command), OutcomeRejected)
 		return
 	}
-	n := s.reg.Get(c.principal.Tenant, inv.NodeID)
+	n := s.reg.Get(o.principal.Tenant, inv.NodeID)
 	if n == nil { // also another tenant's node: it must look the same
 		call.reject(protocol.UnknownNodeID(), OutcomeRejected)
 		return
@@ -73,7 +104,7 @@ func (c *conn) handleNodeInvoke(req protocol.Request) {
 		call.reject(protocol.CommandNotAllowed(protocol.ReasonNotDeclared, n.Platform, inv.Command), OutcomeRejected)
 		return
 	}
-	areq := access.Request{Principal: c.principal, NodeID: n.NodeID, Command: inv.Command}
+	areq := access.Request{Principal: o.principal, NodeID: n.NodeID, Command: inv.Command}
 	call.audit.Args = inv.Params
 	if toolcall.IsToolCall(inv.Command) {
 		// The shim reads the call with the same parser: the policy decides
@@ -96,10 +127,10 @@ func (c *conn) handleNodeInvoke(req protocol.Request) {
 		call.span.SetDenyingRule(dec.RuleID)
 	}
 	if !dec.Allowed {
-		call.reject(protocol.PolicyDenied(c.protocol, inv.Command, areq.Tool, dec.RuleID, dec.Reason), OutcomeDenied)
+		call.reject(protocol.PolicyDenied(o.protocol, inv.Command, areq.Tool, dec.RuleID, dec.Reason), OutcomeDenied)
 		return
 	}
-	if c.inflight.Load() >= int64(s.cfg.MaxInflightPerConn) {
+	if o.inflight.Load() >= int64(s.cfg.MaxInflightPerConn) {
 		call.reject(protocol.Unavailable("too many node.invoke calls in flight on this connection", true), OutcomeRejected)
 		return
 	}
@@ -126,7 +157,7 @@ func (c *conn) handleNodeInvoke(req protocol.Request) {
 	}
 	s.inflightWG.Add(1)
 	s.mu.RUnlock()
-	c.inflight.Add(1)
+	o.inflight.Add(1)
 	s.workers.Go(call.run)
 }
 
@@ -151,14 +182,14 @@ func encodeInvokeRequest(inv *protocol.NodeInvoke) []byte {
 
 // run claims the idempotency key, sends the request and answers.
 func (call *invokeCall) run() {
-	c, s := call.c, call.c.s
+	s := call.s
 	defer s.inflightWG.Done()
-	defer c.inflight.Add(-1)
+	defer call.o.inflight.Add(-1)
 	ctx, cancel := context.WithDeadline(s.runCtx, call.deadline)
 	defer cancel()
 
 	fp := idempotency.Fingerprint(call.inv.NodeID, call.inv.Command, call.inv.Params)
-	claim, prior, err := s.idem.Begin(ctx, idempotency.Key(c.principal.Tenant, call.inv.IdempotencyKey), fp, s.cfg.Instance)
+	claim, prior, err := s.idem.Begin(ctx, idempotency.Key(call.o.principal.Tenant, call.inv.IdempotencyKey), fp, s.cfg.Instance)
 	switch {
 	case errors.Is(err, idempotency.ErrConflict):
 		call.reject(protocol.IdempotencyConflict(), OutcomeRejected)
@@ -216,10 +247,10 @@ func (call *invokeCall) run() {
 	var result []byte
 	if perr == nil {
 		result = invokeOKPayload(call.inv.NodeID, call.inv.Command, payload)
-		call.answer(protocol.AppendResponse(make([]byte, 0, len(result)+len(call.reqID)+40), call.reqID, result), outcome, "")
+		call.answer(result, nil, outcome)
 	} else {
 		result = protocol.AppendError(nil, perr)
-		call.answer(protocol.AppendErrorResponse(nil, call.reqID, perr), outcome, errorCode(perr))
+		call.answer(nil, perr, outcome)
 	}
 
 	// The answer is out; record the outcome for retries with the same key.
@@ -237,36 +268,37 @@ func (call *invokeCall) run() {
 func (call *invokeCall) replay(prior *idempotency.Record) {
 	call.audit.Replayed = true
 	if prior.OK {
-		call.answer(protocol.AppendResponse(nil, call.reqID, prior.Result), OutcomeOK, "")
+		call.answer(prior.Result, nil, OutcomeOK)
 		return
 	}
 	var e protocol.Error
-	_ = json.Unmarshal(prior.Result, &e)
-	b := protocol.AppendString([]byte(`{"type":"res","id":`), call.reqID)
-	b = append(b, `,"ok":false,"error":`...)
-	b = append(append(b, prior.Result...), '}')
-	call.answer(b, OutcomeError, errorCode(&e))
+	_ = json.Unmarshal(prior.Result, &e) // written by AppendError: re-encodes to the same bytes
+	call.answer(nil, &e, OutcomeError)
 }
 
 // reject answers a call refused before (or instead of) reaching the node.
 func (call *invokeCall) reject(e *protocol.Error, outcome string) {
-	call.answer(protocol.AppendErrorResponse(nil, call.reqID, e), outcome, errorCode(e))
+	call.answer(nil, e, outcome)
 }
 
-// answer audits the call, sends its response frame, and ends its span and
+// answer audits the call, answers its origin, and ends its span and
 // metrics.
-func (call *invokeCall) answer(frame []byte, outcome, code string) {
-	s := call.c.s
+func (call *invokeCall) answer(result []byte, e *protocol.Error, outcome string) {
+	s := call.s
+	code := ""
+	if e != nil {
+		code = errorCode(e)
+	}
 	call.audit.Outcome, call.audit.ErrorCode = outcome, code
 	call.audit.Latency = time.Since(call.audit.Time)
 	var failure error
 	if err := s.cfg.Auditor.AuditInvoke(call.ctx, call.audit); err != nil {
 		// Fail closed: no answer the audit trail does not hold.
-		s.log.WarnContext(call.ctx, "node.invoke not audited", "request", call.reqID, "err", err)
-		frame = protocol.AppendErrorResponse(nil, call.reqID, protocol.Unavailable("audit unavailable: "+err.Error(), true))
+		s.log.WarnContext(call.ctx, "node.invoke not audited", "request", call.o.requestID, "err", err)
+		result, e = nil, protocol.Unavailable("audit unavailable: "+err.Error(), true)
 		outcome, code, failure = OutcomeError, wire.FaultUnavailable, err
 	}
-	call.c.send(frame)
+	call.o.answer(result, e)
 
 	tcode := traceCode(outcome, code)
 	s.metrics.hopInvoke.Observe(time.Since(call.audit.Time).Seconds())

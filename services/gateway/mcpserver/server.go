@@ -20,6 +20,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -55,6 +56,9 @@ type ToolCall struct {
 	// Client is the MCP client's "name/version" from initialize.
 	Client    string
 	SessionID string
+	// Inflight counts the session's calls in flight: the invoke path caps
+	// it as it caps a WebSocket connection's.
+	Inflight *atomic.Int64
 }
 
 // ToolResult is what a call came back with: the node's result, or why

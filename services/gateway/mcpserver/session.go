@@ -7,6 +7,7 @@ import (
 	"errors"
 	"sort"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
@@ -25,6 +26,7 @@ type session struct {
 	principal access.Principal
 	scope     scope
 	server    *mcp.Server
+	inflight  atomic.Int64 // tools/call in progress
 }
 
 func (s *Server) newSession(p access.Principal, sc scope) *session {
@@ -243,7 +245,7 @@ func (sess *session) callTool(ctx context.Context, req *mcp.CallToolRequest) (*m
 		return toolError("this token's role (" + sess.principal.Role + ") may list tools but not call them"), nil
 	}
 	call := ToolCall{Principal: sess.principal, NodeID: e.node.NodeID, Tool: e.tool.name, Arguments: p.Arguments,
-		SessionID: sess.id}
+		SessionID: sess.id, Inflight: &sess.inflight}
 	if key, ok := p.Meta[MetaIdempotencyKey].(string); ok && key != "" {
 		call.IdempotencyKey = key
 	} else {
