@@ -12,8 +12,13 @@ import (
 const MaxToolName = 64
 
 // maxNodePart bounds the node's part of an exposed name, so the tool's own
-// name keeps most of the 64 characters.
-const maxNodePart = 24
+// name keeps most of the 64 characters; a longer node name keeps its
+// head and its last keepTail characters, where XiaoZhi display names
+// ("bread-compact-wifi-d4e5f6") carry what tells devices apart.
+const (
+	maxNodePart = 28
+	keepTail    = 7
+)
 
 // hashSuffixLen is the length of the "_<hex>" suffix that makes a name
 // unique: 8 hex digits of SHA-256 over the node id and the tool name.
@@ -24,9 +29,9 @@ const hashSuffixLen = 1 + 8
 // [a-zA-Z0-9_-], joined by "__". long reports that it had to be cut to
 // MaxToolName (the caller then adds the hash suffix).
 func baseToolName(displayName, nodeID, tool string) (name string, long bool) {
-	node := slug(displayName, maxNodePart)
+	node := shortNode(displayName)
 	if node == "" {
-		node = slug(nodeID, maxNodePart)
+		node = shortNode(nodeID)
 	}
 	if node == "" {
 		node = "node"
@@ -40,6 +45,18 @@ func baseToolName(displayName, nodeID, tool string) (name string, long bool) {
 		return name[:MaxToolName-hashSuffixLen], true
 	}
 	return name, false
+}
+
+// shortNode is a node name as slug makes it, cut to maxNodePart
+// characters by dropping the middle.
+func shortNode(name string) string {
+	s := slug(name, 4*maxNodePart)
+	if len(s) <= maxNodePart {
+		return s
+	}
+	head := strings.TrimRight(s[:maxNodePart-keepTail-1], "_-")
+	tail := strings.TrimLeft(s[len(s)-keepTail:], "_-")
+	return head + "-" + tail
 }
 
 // uniqueToolName is the base name made unique with a suffix derived from

@@ -18,7 +18,8 @@ func TestBaseToolName(t *testing.T) {
 		{"", "xz-aa-bb", "self.get_device_status", "xz-aa-bb__self_get_device_status"},
 		{"客厅 speaker!", "xz-1", "run", "speaker__run"},
 		{"客厅", "客厅", "工具", "node__tool"},
-		{"a very long display name that goes on and on", "n", "t", "a-very-long-display-name__t"},
+		{"a very long display name that goes on and on", "n", "t", "a-very-long-display-and-on__t"},
+		{"esp32-s3-touch-amoled-1.8-d4e5f6", "n", "self.reboot", "esp32-s3-touch-amole-d4e5f6__self_reboot"},
 	} {
 		got, long := baseToolName(tc.display, tc.node, tc.tool)
 		if got != tc.want || long {
