@@ -57,7 +57,7 @@ func InvokeEvent(r gateway.InvokeAudit) audit.Event {
 		PrincipalName: r.Principal.Name, Role: r.Principal.Role, Node: r.NodeID, Command: r.Command, Tool: r.Tool,
 		Args: r.Args, RuleID: r.Decision.RuleID, Outcome: r.Outcome, ErrorCode: r.ErrorCode,
 		LatencyUs: r.Latency.Microseconds(), IdempotencyKey: r.IdempotencyKey, Replayed: r.Replayed,
-		RequestID: r.RequestID, Instance: r.Instance, Detail: r.Decision.Reason,
+		RequestID: r.RequestID, Instance: r.Instance, Detail: r.Decision.Reason, TraceID: r.TraceID, SpanID: r.SpanID,
 	}
 	if r.Via != "" {
 		// The channel and client ride in detail, ahead of the policy's reason.

@@ -154,6 +154,7 @@ type bearer struct {
 func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
 	r = r.Clone(r.Context())
 	r.Header.Set("Authorization", "Bearer "+b.token)
+	r.Header.Set("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
 	return b.next.RoundTrip(r)
 }
 
@@ -345,7 +346,8 @@ func TestCallResultsAndErrors(t *testing.T) {
 		t.Fatalf("call: %v %+v", err, res)
 	}
 	c := h.inv.calls[0]
-	if c.IdempotencyKey != "k-1" || c.Client != "go-test/1.2.3" || c.Principal.ID != "tok_op" || c.SessionID == "" {
+	if c.IdempotencyKey != "k-1" || c.Client != "go-test/1.2.3" || c.Principal.ID != "tok_op" || c.SessionID == "" ||
+		c.Traceparent != "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01" {
 		t.Errorf("the invoke path got %+v", c)
 	}
 	res, err = cs.CallTool(ctx, &mcp.CallToolParams{Name: "Speaker__self_broken"})
