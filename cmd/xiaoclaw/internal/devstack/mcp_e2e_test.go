@@ -153,7 +153,9 @@ func TestMCPEndToEnd(t *testing.T) {
 	})
 	before = changed.Load()
 	dev2.Close()
-	waitFor(t, func() bool { return changed.Load() > before && toolOf(mcpTools(t, cs), nodeID(dev2), "self.get_device_status") == "" })
+	waitFor(t, func() bool {
+		return changed.Load() > before && toolOf(mcpTools(t, cs), nodeID(dev2), "self.get_device_status") == ""
+	})
 
 	// A call to the device after it left is a clear tool error.
 	res, err = cs.CallTool(ctx, &mcp.CallToolParams{Name: toolOf(tools2, nodeID(dev2), "self.get_device_status")})
