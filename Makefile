@@ -7,8 +7,9 @@ LDFLAGS := -s -w -X main.version=$(VERSION)
 # Every module of the workspace; `./...` alone stops at module boundaries.
 PKGS = $(shell $(GO) list -m -f '{{.Dir}}/...')
 DATA_DIR ?= $(CURDIR)/.tmp/dev
+CHROMIUM ?= /usr/bin/chromium
 
-.PHONY: help build build-cli dev test test-go test-race fuzz lint bench bench-tracing tracing-share bench-openclaw interop jaeger jaeger-stop dev-observability test-jaeger images helm-tools helm-test tidy clean
+.PHONY: help build build-cli dev test test-ui test-go test-race fuzz lint bench bench-tracing tracing-share bench-openclaw interop jaeger jaeger-stop dev-observability test-jaeger images helm-tools helm-test tidy clean
 
 help: ## show this help
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -94,3 +95,8 @@ tidy: ## go mod tidy -e in every module (plain tidy fails on a test-only depende
 
 clean: ## remove build output and local state
 	rm -rf bin .tmp
+
+test-ui: build-cli ## browser tests of the console at /ui/: headless Chromium against xiaoclaw dev + sim (screenshots in .tmp/ui-screenshots)
+	@command -v $(CHROMIUM) >/dev/null || { echo "$(CHROMIUM) not found: apt-get install chromium (.ci/run does)"; exit 1; }
+	cd services/gateway/console/uitest && npm ci --no-audit --no-fund --loglevel=error
+	cd services/gateway/console/uitest && XIAOCLAW_BIN=$(CURDIR)/bin/xiaoclaw CHROMIUM=$(CHROMIUM) SHOTS=$(CURDIR)/.tmp/ui-screenshots node console.test.mjs

@@ -19,6 +19,7 @@ import (
 
 	"github.com/xiaoclaw/xiaoclaw/cmd/xiaoclaw/internal/devstack"
 	"github.com/xiaoclaw/xiaoclaw/pkg/telemetry"
+	"github.com/xiaoclaw/xiaoclaw/services/gateway/console"
 )
 
 type devFlags struct {
@@ -35,6 +36,7 @@ type devFlags struct {
 	databaseURL    string
 	logLevel       string
 	logFormat      string
+	jaegerURL      string
 }
 
 // devCredentials persist in the data directory so a restart keeps the
@@ -71,6 +73,7 @@ Ctrl-C (SIGINT) or SIGTERM shuts down gracefully.`,
 	fl.StringVar(&f.operatorToken, "operator-token", env("XIAOCLAW_OPERATOR_TOKEN"), "the dev tenant's operator token (generated when empty)")
 	fl.StringVar(&f.adminToken, "admin-token", env("XIAOCLAW_ADMIN_TOKEN"), "global admin token of the admin API (generated when empty)")
 	fl.StringVar(&f.databaseURL, "database-url", env("XIAOCLAW_DATABASE_URL"), "Postgres URL for tenants, credentials and policies (default: SQLite in --data-dir)")
+	fl.StringVar(&f.jaegerURL, "jaeger-url", env("XIAOCLAW_JAEGER_URL"), "Jaeger UI base URL the console links traces to, e.g. http://127.0.0.1:16686 (env XIAOCLAW_JAEGER_URL)")
 	fl.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fl.StringVar(&f.logFormat, "log-format", "text", "text or json")
 	return cmd
@@ -174,6 +177,9 @@ func runDev(ctx context.Context, f *devFlags, env func(string) string, stdout io
 		DatabaseURL:   f.databaseURL,
 		Log:           log,
 	}
+	if cfg.Console, err = console.New(console.Config{JaegerURL: f.jaegerURL, Version: version}); err != nil {
+		return &exitError{exitUsage, fmt.Errorf("--jaeger-url: %w", err)}
+	}
 	tel.stackConfig(&cfg)
 	st, err := devstack.Start(ctx, cfg)
 	if err != nil {
@@ -203,6 +209,7 @@ func printBanner(w io.Writer, st *devstack.Stack, c devCredentials, dataDir stri
 		fmt.Fprintf(&b, "  MQTT       %s (credentials from OTA)\n", addr)
 	}
 	fmt.Fprintf(&b, "  admin API  http://%s/api/   admin token: %s\n", st.Gateways[0].Addr(), c.AdminToken)
+	fmt.Fprintf(&b, "  console    http://%s/ui/    (sign in with the operator or admin token)\n", st.Gateways[0].Addr())
 	fmt.Fprintf(&b, "  nats       %s\n\n", st.NATSURL())
 	fmt.Fprintf(&b, "Try, in another terminal:\n")
 	fmt.Fprintf(&b, "  xiaoclaw sim --url %s --token %s --count 3\n", st.DeviceURL(0), c.DeviceToken)

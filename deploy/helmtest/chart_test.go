@@ -103,6 +103,12 @@ func TestAllServicesAreDeployed(t *testing.T) {
 				t.Errorf("gateway lacks %s", name)
 			}
 		}
+		gwConfig := r.configFor(t, gw)
+		for _, name := range []string{"XIAOCLAW_IDEMPOTENCY_REPLICAS", "XIAOCLAW_IDEMPOTENCY_TTL"} {
+			if gwConfig[name] == "" {
+				t.Errorf("gateway config lacks %s", name)
+			}
+		}
 		if !envNames(deps["devicehub"].Spec.Template.Spec.Containers[0])["XIAOCLAW_DATABASE_URL"] {
 			t.Error("devicehub lacks XIAOCLAW_DATABASE_URL (device keys)")
 		}
@@ -509,6 +515,8 @@ func TestInvalidValuesAreRejected(t *testing.T) {
 		{"bad public URL", []string{"--set", "devicehub.publicURL=http://x/"}, "publicURL"},
 		{"no NATS", []string{"--set", "nats.enabled=false"}, "externalNats.url"},
 		{"no database", []string{"--set", "postgresql.enabled=false"}, "externalDatabase.url"},
+		{"no idempotency replica", []string{"--set", "gateway.idempotency.replicas=0"}, "replicas"},
+		{"bad idempotency TTL", []string{"--set", "gateway.idempotency.ttl=forever"}, "ttl"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -36,6 +36,7 @@ type Query struct {
 	Principal string
 	Tool      string
 	Outcome   string
+	Decision  string // DecisionAllow or DecisionDeny
 	// Limit is the page size, 1 to MaxLimit; 0 means DefaultLimit.
 	Limit int
 	// Cursor is a Page's NextCursor, to continue after it.
@@ -152,6 +153,7 @@ func (q *Query) where(c *cursor, ts func(time.Time) any, tsUs func(int64) any) (
 	}
 	for _, f := range []struct{ col, v string }{
 		{"kind", q.Kind}, {"node", q.Node}, {"principal", q.Principal}, {"tool", q.Tool}, {"outcome", q.Outcome},
+		{"decision", q.Decision},
 	} {
 		if f.v != "" {
 			add(f.col+" = ?", f.v)

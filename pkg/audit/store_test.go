@@ -21,6 +21,7 @@ func storeSuite(t *testing.T, open func(t *testing.T) audit.Store) {
 			Tenant: tenant, Principal: fmt.Sprintf("tok_%d", i%3), Node: fmt.Sprintf("xz-%012d", i%2),
 			Command: "mcp.tools.call", Tool: []string{"set_volume", "reboot"}[i%2],
 			Outcome: []string{"ok", "denied", "error"}[i%3], LatencyUs: int64(1000 + i),
+			Decision: []string{audit.DecisionAllow, audit.DecisionDeny, audit.DecisionAllow}[i%3],
 		}
 	}
 
@@ -113,6 +114,8 @@ func storeSuite(t *testing.T, open func(t *testing.T) audit.Store) {
 			{audit.Query{Tenant: "acme", Node: "xz-000000000001"}, 30},
 			{audit.Query{Tenant: "acme", Principal: "tok_0"}, 20},
 			{audit.Query{Tenant: "acme", Tool: "reboot", Outcome: "denied"}, 10},
+			{audit.Query{Tenant: "acme", Decision: audit.DecisionDeny}, 20},
+			{audit.Query{Tenant: "acme", Node: "xz-000000000001", Decision: audit.DecisionAllow}, 20},
 			{audit.Query{Tenant: "acme", Since: base.Add(10 * time.Minute), Until: base.Add(20 * time.Minute)}, 10},
 			{audit.Query{Tenant: "acme", Kind: audit.KindTenancyChange}, 0},
 			{audit.Query{Tenant: "other"}, 5},

@@ -5,6 +5,7 @@ package natsembed
 
 import (
 	"fmt"
+	"net"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -25,7 +26,8 @@ type Config struct {
 
 // Server is a running embedded NATS server.
 type Server struct {
-	ns *server.Server
+	ns   *server.Server
+	opts *server.Options
 }
 
 // Start starts the server and waits until it accepts connections.
@@ -54,6 +56,14 @@ func Start(cfg Config) (*Server, error) {
 		NoLog:      true,
 		MaxPayload: 8 << 20,
 	}
+	ns, err := run(opts)
+	if err != nil {
+		return nil, err
+	}
+	return &Server{ns: ns, opts: opts}, nil
+}
+
+func run(opts *server.Options) (*server.Server, error) {
 	ns, err := server.NewServer(opts)
 	if err != nil {
 		return nil, fmt.Errorf("natsembed: %w", err)
@@ -63,7 +73,26 @@ func Start(cfg Config) (*Server, error) {
 		ns.Shutdown()
 		return nil, fmt.Errorf("natsembed: server not ready within 10s")
 	}
-	return &Server{ns: ns}, nil
+	return ns, nil
+}
+
+// Restart stops the server and starts it again on the same address and
+// store directory, as a NATS process restart would: clients lose their
+// connection and reconnect, JetStream keeps what it stored on disk. Not for
+// a server that does not listen (its in-process clients cannot reconnect).
+func (s *Server) Restart() error {
+	if s.ns.Addr() == nil {
+		return fmt.Errorf("natsembed: Restart needs a listening server")
+	}
+	opts := s.opts.Clone()
+	opts.Port = s.ns.Addr().(*net.TCPAddr).Port
+	s.Shutdown()
+	ns, err := run(opts)
+	if err != nil {
+		return err
+	}
+	s.ns = ns
+	return nil
 }
 
 // ClientURL is the nats:// URL of the server (empty when it does not listen).

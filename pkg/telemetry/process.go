@@ -68,10 +68,15 @@ func (p *Process) Shutdown() {
 }
 
 // ConnectNATS connects to NATS for ever-retrying use by a service, logs
-// disconnects and reconnects on log, and exports the connection state as
+// disconnects, reconnects and asynchronous errors (NATSErrorHandler) on
+// log, and exports the connection state as
 // the xiaoclaw_nats_connected gauge with the service label.
 func (p *Process) ConnectNATS(url, name, label string, log *slog.Logger) (*nats.Conn, error) {
-	nc, err := nats.Connect(url, nats.Name(name), nats.MaxReconnects(-1),
+	onErr, err := NATSErrorHandler(p.Registry, label, log)
+	if err != nil {
+		return nil, err
+	}
+	nc, err := nats.Connect(url, nats.Name(name), nats.MaxReconnects(-1), nats.ErrorHandler(onErr),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { log.Warn("NATS disconnected", "err", err) }),
 		nats.ReconnectHandler(func(c *nats.Conn) { log.Info("NATS reconnected", "url", c.ConnectedUrlRedacted()) }))
 	if err != nil {

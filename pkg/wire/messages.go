@@ -2,7 +2,8 @@ package wire
 
 import "encoding/json"
 
-// Device event kinds, published on DeviceState.
+// Device event kinds, published on DeviceState (notifications on
+// DeviceNotify).
 const (
 	// DeviceOnline: a session is up; carries the hello facts and, when the
 	// device speaks MCP, its server info and full tool catalog.

@@ -4,14 +4,18 @@ package wire
 // validated ids, never raw input.
 //
 //	xc.<tenant>.dev.<device>.rpc       req/reply  shim -> devicehub holding the session
-//	xc.<tenant>.dev.<device>.state     pub        devicehub -> shim (queue "shim")
+//	xc.<tenant>.dev.<device>.state     pub        devicehub -> shim (queue "shim"): lifecycle
+//	xc.<tenant>.dev.<device>.notify    pub        devicehub -> shim (queue "shim"): notifications
 //	xc.<tenant>.node.invoke            req/reply  gateway -> shim (queue "shim")
 //	xc.<tenant>.node.event             pub        shim, gateway -> every gateway
 //	xc.<tenant>.ocnode.<node>.invoke   req/reply  gateway -> gateway holding an OpenClaw node host
 //	xc._sys.hub.resync                 pub        shim -> every devicehub: re-announce sessions
+//	xc._sys.hub.heartbeat              pub        every devicehub -> every shim: liveness
 const (
 	// SubjectDeviceStateAll matches every device state subject.
 	SubjectDeviceStateAll = "xc.*.dev.*.state"
+	// SubjectDeviceNotifyAll matches every device notification subject.
+	SubjectDeviceNotifyAll = "xc.*.dev.*.notify"
 	// SubjectNodeInvokeAll matches every tenant's node.invoke subject.
 	SubjectNodeInvokeAll = "xc.*.node.invoke"
 	// SubjectNodeEventAll matches every tenant's node.event subject.
@@ -39,8 +43,17 @@ const (
 // that holds the device's session.
 func DeviceRPC(tenant, device string) string { return "xc." + tenant + ".dev." + device + ".rpc" }
 
-// DeviceState is the subject of a device's lifecycle events.
+// DeviceState is the subject of a device's lifecycle events (online,
+// tools, offline).
 func DeviceState(tenant, device string) string { return "xc." + tenant + ".dev." + device + ".state" }
+
+// DeviceNotify is the subject of a device's JSON-RPC notifications
+// (DeviceNotification events). They travel apart from the lifecycle events
+// so that a flood of them, or a consumer too slow for them, never costs a
+// lifecycle event.
+func DeviceNotify(tenant, device string) string {
+	return "xc." + tenant + ".dev." + device + ".notify"
+}
 
 // NodeInvoke is the request/reply subject of node.invoke for a tenant.
 func NodeInvoke(tenant string) string { return "xc." + tenant + ".node.invoke" }

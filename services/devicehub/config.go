@@ -30,6 +30,11 @@ const (
 	DefaultMaxCatalogBytes = 512 << 10
 	DefaultMaxToolPages    = 100
 	DefaultShutdownTimeout = 5 * time.Second
+	DefaultNotifyRate      = 20 // notifications per second and device
+	DefaultNotifyBurst     = 50
+	// DefaultHeartbeatInterval: shims declare a hub gone after missing
+	// about three heartbeats (shim.DefaultHubTimeout).
+	DefaultHeartbeatInterval = 5 * time.Second
 
 	DefaultMQTTMaxPayload  = 8192 // the firmware's MQTT buffer
 	DefaultMQTTKeepalive   = 240 * time.Second
@@ -79,6 +84,18 @@ type Config struct {
 	// message); MaxToolPages caps its tools/list pages.
 	MaxCatalogBytes int
 	MaxToolPages    int
+	// NotifyRate caps the JSON-RPC notifications one device session may
+	// put on the bus, per second on average, with bursts of NotifyBurst;
+	// the hub drops the rest (counted in
+	// xiaoclaw_devicehub_notifications_dropped_total, one warning per
+	// session and minute). A negative NotifyRate turns the limit off.
+	// Defaults 20/s and 50.
+	NotifyRate  float64
+	NotifyBurst int
+	// HeartbeatInterval is how often the hub announces on
+	// wire.SubjectHubHeartbeat that it is alive; shims mark the devices of
+	// a hub silent for their HubTimeout disconnected. Default 5 s.
+	HeartbeatInterval time.Duration
 	// ShutdownTimeout bounds the graceful part of Run's shutdown.
 	ShutdownTimeout time.Duration
 	// Version is reported as clientInfo.version in MCP initialize.
@@ -144,6 +161,9 @@ func (c *Config) setDefaults() {
 	setDefault(&c.MaxCatalogBytes, DefaultMaxCatalogBytes)
 	setDefault(&c.MaxToolPages, DefaultMaxToolPages)
 	setDefault(&c.ShutdownTimeout, DefaultShutdownTimeout)
+	setDefault(&c.NotifyRate, DefaultNotifyRate)
+	setDefault(&c.HeartbeatInterval, DefaultHeartbeatInterval)
+	setDefault(&c.NotifyBurst, DefaultNotifyBurst)
 	setDefault(&c.Version, "dev")
 	setDefault(&c.MQTTMaxPayload, min(DefaultMQTTMaxPayload, c.MaxFrameBytes))
 	setDefault(&c.MQTTKeepalive, DefaultMQTTKeepalive)
@@ -182,7 +202,7 @@ func (c Config) Validate() error {
 	}
 	for name, d := range map[string]time.Duration{
 		"HelloTimeout": c.HelloTimeout, "IdleTimeout": c.IdleTimeout, "CallTimeout": c.CallTimeout,
-		"WriteTimeout": c.WriteTimeout, "ShutdownTimeout": c.ShutdownTimeout,
+		"WriteTimeout": c.WriteTimeout, "ShutdownTimeout": c.ShutdownTimeout, "HeartbeatInterval": c.HeartbeatInterval,
 	} {
 		if d < 0 {
 			errs = append(errs, fmt.Errorf("%s must not be negative", name))
@@ -216,6 +236,9 @@ func (c Config) Validate() error {
 	}
 	if c.MQTTBufferSize < 256 || c.MQTTBufferSize > 2048 || c.MQTTWritesQueue < 1 || c.MQTTWritesQueue > 128 {
 		errs = append(errs, errors.New("MQTTBufferSize must be 256-2048 and MQTTWritesQueue 1-128"))
+	}
+	if c.NotifyBurst < 1 {
+		errs = append(errs, errors.New("NotifyBurst must be at least 1"))
 	}
 	if c.GoodbyeAfter < 0 {
 		errs = append(errs, errors.New("GoodbyeAfter must not be negative"))

@@ -140,7 +140,7 @@ func canonical(t testing.TB, mac string) string {
 	return c
 }
 
-// watcher collects the state events of one device.
+// watcher collects the state events and notifications of one device.
 type watcher struct {
 	t  testing.TB
 	ch chan *nats.Msg
@@ -149,14 +149,16 @@ type watcher struct {
 func watch(t testing.TB, e *env, tenant, device string) *watcher {
 	t.Helper()
 	w := &watcher{t: t, ch: make(chan *nats.Msg, 256)}
-	sub, err := e.nc.ChanSubscribe(wire.DeviceState(tenant, device), w.ch)
-	if err != nil {
-		t.Fatal(err)
+	for _, subject := range []string{wire.DeviceState(tenant, device), wire.DeviceNotify(tenant, device)} {
+		sub, err := e.nc.ChanSubscribe(subject, w.ch)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { sub.Unsubscribe() })
 	}
 	if err := e.nc.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { sub.Unsubscribe() })
 	return w
 }
 

@@ -56,6 +56,7 @@ type hub struct {
 	invokes          *prometheus.CounterVec
 	hopDevice        prometheus.Observer
 	devicesConnected *prometheus.GaugeVec
+	notifyDropped    *prometheus.CounterVec
 }
 
 type deviceEntry struct {
@@ -81,7 +82,10 @@ func (h *hub) instrument() error {
 		return err
 	}
 	h.hopDevice = hops.WithLabelValues(telemetry.HopDevicehubDevice)
-	h.devicesConnected, err = telemetry.NewDevicesConnected(h.cfg.Registerer)
+	if h.devicesConnected, err = telemetry.NewDevicesConnected(h.cfg.Registerer); err != nil {
+		return err
+	}
+	h.notifyDropped, err = newNotificationsDropped(h.cfg.Registerer)
 	return err
 }
 

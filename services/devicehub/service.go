@@ -154,6 +154,9 @@ func (s *Service) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	wg.Add(2)
 	go func() { defer wg.Done(); s.hub.dispatch(stopDispatch) }()
+	beatCtx, stopBeat := context.WithCancel(ctx)
+	defer stopBeat()
+	wg.Go(func() { s.hub.heartbeat(beatCtx, nowMs()) })
 
 	srv := &http.Server{
 		Handler:           s.router,
@@ -176,6 +179,7 @@ func (s *Service) Run(ctx context.Context) error {
 		s.log.Error("devicehub: device listener failed", "err", err)
 	}
 
+	stopBeat()
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
 	defer cancel()
 	_ = srv.Shutdown(shutdownCtx) // stops accepting; hijacked WebSockets are ours to close

@@ -61,6 +61,9 @@ type session struct {
 
 	mcp mcpclient.Client
 
+	notifyOnce sync.Once
+	notify     *notifyLimit
+
 	mu         sync.Mutex // guards the fields below and orders this session's events
 	online     bool
 	ended      bool
@@ -233,9 +236,7 @@ func (s *session) handleMCP(payload json.RawMessage) {
 			s.hub.log.Debug("devicehub: response to no pending call dropped", append(s.logAttrs(), "id", string(msg.ID))...)
 		}
 	case xzproto.KindNotification:
-		ev := s.event(wire.DeviceNotification)
-		ev.Notification = payload
-		s.hub.publish(s.key, ev)
+		s.publishNotification(payload)
 	case xzproto.KindRequest:
 		// The hub is a client only; tell the device so instead of leaving it waiting.
 		_ = s.conn.Send(xzproto.AppendErrorResponse(nil, msg.ID, -32601, "Method not found: "+msg.Method))

@@ -151,6 +151,7 @@ func device(tenant, id, name string, connected bool) wire.NodeRecord {
 		Tools: json.RawMessage(`[{"name":"self.audio_speaker.set_volume","description":"volume","inputSchema":{"type":"object"}},` +
 			`{"name":"self.reboot","description":"reboot","inputSchema":{"type":"object"}}]`),
 		Connected: connected, ConnectedAtMs: 1700000000000, Owner: "hub-1", SessionID: "s-" + id,
+		Transport: "mqtt", LastSeenMs: 1700000005000,
 	}
 }
 

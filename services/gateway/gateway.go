@@ -62,6 +62,9 @@ type Config struct {
 	ConnectAuditor ConnectAuditor
 	// AdminAPI, when set, is served under /api/ on Addr.
 	AdminAPI http.Handler
+	// Console, when set, is served under /ui/ on Addr (the operator
+	// console, package console).
+	Console http.Handler
 	// Ops, when set, serves /healthz, /readyz, /metrics and /debug/loglevel
 	// on Addr in place of the gateway's own /healthz and /readyz
 	// (telemetry.OpsServer.Handler; `xiaoclaw dev` mounts the ops endpoints
@@ -97,8 +100,11 @@ type Config struct {
 	// connection. Default 1024.
 	MaxInflightPerConn int
 	// IdempotencyTTL is how long an idempotency key is remembered.
-	// Default 5 min. It sets the bucket TTL when this gateway creates it.
+	// Default 5 min. It sets the bucket's TTL.
 	IdempotencyTTL time.Duration
+	// IdempotencyReplicas is the idempotency bucket's replica count in a
+	// NATS cluster (file storage either way). Default 1; use 3 in production.
+	IdempotencyReplicas int
 	// ShutdownGrace bounds how long Run waits for in-flight invokes before
 	// it closes the sockets. Default 5 s.
 	ShutdownGrace time.Duration
@@ -174,8 +180,8 @@ func (c Config) Validate() error {
 	if c.MaxPayload < 0 || (c.MaxPayload > 0 && c.MaxPayload < protocol.MaxPreauthPayload) {
 		errs = append(errs, fmt.Errorf("MaxPayload must be at least %d bytes", protocol.MaxPreauthPayload))
 	}
-	if c.MaxBufferedBytes < 0 || c.MaxInflightPerConn < 0 {
-		errs = append(errs, errors.New("MaxBufferedBytes and MaxInflightPerConn must not be negative"))
+	if c.MaxBufferedBytes < 0 || c.MaxInflightPerConn < 0 || c.IdempotencyReplicas < 0 || c.IdempotencyReplicas > 5 {
+		errs = append(errs, errors.New("MaxBufferedBytes and MaxInflightPerConn must not be negative, IdempotencyReplicas must be 0-5"))
 	}
 	if c.IdempotencyTTL > 0 && c.IdempotencyTTL < time.Second {
 		errs = append(errs, errors.New("IdempotencyTTL must be at least 1s"))
@@ -306,7 +312,7 @@ func (s *Service) Run(ctx context.Context) error {
 	if s.reg, err = registry.Open(ctx, s.js, s.log); err != nil {
 		return err
 	}
-	if s.idem, err = idempotency.Open(ctx, s.nc, s.js, s.cfg.IdempotencyTTL); err != nil {
+	if s.idem, err = idempotency.Open(ctx, s.nc, s.js, idempotency.Options{TTL: s.cfg.IdempotencyTTL, Replicas: s.cfg.IdempotencyReplicas}); err != nil {
 		return err
 	}
 	s.reg.OnChange(s.onRegistryChange)
@@ -425,6 +431,9 @@ func (s *Service) Handler() http.Handler {
 		for _, p := range []string{"/mcp", "/mcp/", mcpserver.ProtectedResourcePath} {
 			mux.Handle(p, s.mcp.Handler())
 		}
+	}
+	if s.cfg.Console != nil {
+		mux.Handle("/ui/", s.cfg.Console)
 	}
 	mux.HandleFunc("/", s.serveWebSocket)
 	return mux

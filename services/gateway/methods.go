@@ -190,6 +190,7 @@ func (c *conn) appendNode(b []byte, n *registry.Node, open bool) []byte {
 		{"displayName", n.DisplayName}, {"platform", n.Platform}, {"version", n.Version},
 		{"clientId", n.ClientID}, {"clientMode", n.ClientMode}, {"remoteIp", n.RemoteIP},
 		{"deviceFamily", n.DeviceFamily}, {"modelIdentifier", n.ModelIdentifier}, {"pathEnv", n.PathEnv},
+		{"transport", n.Transport},
 	} {
 		if f.v != "" {
 			b = append(b, `,"`...)
@@ -236,6 +237,10 @@ func (c *conn) appendNode(b []byte, n *registry.Node, open bool) []byte {
 	if n.Connected && n.ConnectedAtMs > 0 {
 		b = append(b, `,"connectedAtMs":`...)
 		b = strconv.AppendInt(b, n.ConnectedAtMs, 10)
+	}
+	if n.LastSeenMs > 0 {
+		b = append(b, `,"lastSeenMs":`...)
+		b = strconv.AppendInt(b, n.LastSeenMs, 10)
 	}
 	return append(b, '}')
 }

@@ -166,7 +166,8 @@ func TestNodeListAndDescribeShowOnlyTheTenantsNodes(t *testing.T) {
 	}
 
 	d := payload[map[string]any](t, call(t, c, "node.describe", map[string]any{"nodeId": "xz-000000000001"}))
-	if d["nodeId"] != "xz-000000000001" || d["ts"] == nil || d["displayName"] != "Bravo" {
+	if d["nodeId"] != "xz-000000000001" || d["ts"] == nil || d["displayName"] != "Bravo" ||
+		d["transport"] != "mqtt" || d["lastSeenMs"] != float64(1700000005000) {
 		t.Fatalf("describe %v", d)
 	}
 	for _, id := range []string{"xz-0000000000ff", "xz-nope"} {

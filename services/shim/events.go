@@ -13,7 +13,30 @@ import (
 	"github.com/xiaoclaw/xiaoclaw/services/shim/internal/nodes"
 )
 
-// onState receives a device lifecycle event from a devicehub.
+// Pending limits of the two device subscriptions. Lifecycle events are few
+// and must not be lost, so their buffer is large; notifications are many
+// and worth less, so a backlog of them is dropped early, and on their own
+// subscription that costs no lifecycle event. nats.go counts what a full
+// buffer drops, and the connection's error handler reports it.
+const (
+	statePendingMsgs   = 1 << 20
+	statePendingBytes  = 512 << 20
+	notifyPendingMsgs  = 16 << 10
+	notifyPendingBytes = 64 << 20
+)
+
+// onNotify receives a device notification from a devicehub.
+func (s *Service) onNotify(msg *nats.Msg) {
+	ev, err := decodeDeviceEvent(msg.Subject, msg.Data)
+	if err != nil || ev.Kind != wire.DeviceNotification {
+		s.log.Debug("device notification dropped", "subject", msg.Subject, "err", err)
+		return
+	}
+	s.publishNotification(ev)
+}
+
+// onState receives a device lifecycle event from a devicehub. (Hubs of
+// older releases send notifications here too.)
 func (s *Service) onState(msg *nats.Msg) {
 	ev, err := decodeDeviceEvent(msg.Subject, msg.Data)
 	if err != nil {

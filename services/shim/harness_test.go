@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -87,7 +88,7 @@ func (r *replica) stop(t testing.TB) {
 func (e *env) startShim(t testing.TB, cfg shim.Config) *replica {
 	t.Helper()
 	nc := connect(t, e.srv, "shim")
-	svc, err := shim.New(cfg, nc, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	svc, err := shim.New(cfg, nc, slog.New(slog.NewTextHandler(logSink(), nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -124,7 +125,11 @@ func (e *env) publishEvent(t testing.TB, ev wire.DeviceEvent) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := e.nc.Publish(wire.DeviceState(ev.Tenant, ev.Device), data); err != nil {
+	subject := wire.DeviceState(ev.Tenant, ev.Device)
+	if ev.Kind == wire.DeviceNotification {
+		subject = wire.DeviceNotify(ev.Tenant, ev.Device)
+	}
+	if err := e.nc.Publish(subject, data); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -363,4 +368,11 @@ func firmwareAnswer(req rpcRequest) []byte {
 		return fail("Unknown tool: " + p.Name)
 	}
 	return fail("Method not implemented: " + req.Method)
+}
+
+func logSink() io.Writer {
+	if os.Getenv("SHIM_TEST_LOG") != "" {
+		return os.Stderr
+	}
+	return io.Discard
 }

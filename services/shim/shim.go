@@ -52,6 +52,10 @@ type Config struct {
 	// parallel (one device's events always go to the same worker, in order);
 	// default 8.
 	EventWorkers int
+	// HubTimeout is how long a devicehub may miss its heartbeats before the
+	// nodes it holds are marked disconnected (see DefaultHubTimeout);
+	// negative turns the check off (hubs that send no heartbeats).
+	HubTimeout time.Duration
 
 	// TracerProvider traces invokes (telemetry.NewTracerProvider); nil
 	// means no tracing.
@@ -82,6 +86,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.EventWorkers == 0 {
 		c.EventWorkers = 8
+	}
+	if c.HubTimeout == 0 {
+		c.HubTimeout = DefaultHubTimeout
 	}
 	if c.TracerProvider == nil {
 		c.TracerProvider = noop.NewTracerProvider()
@@ -212,9 +219,17 @@ func (s *Service) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("shim: subscribe %s: %w", wire.SubjectDeviceStateAll, err)
 	}
+	_ = stateSub.SetPendingLimits(statePendingMsgs, statePendingBytes)
+	notifySub, err := s.nc.QueueSubscribe(wire.SubjectDeviceNotifyAll, wire.QueueShim, s.onNotify)
+	if err != nil {
+		_ = stateSub.Unsubscribe()
+		return fmt.Errorf("shim: subscribe %s: %w", wire.SubjectDeviceNotifyAll, err)
+	}
+	_ = notifySub.SetPendingLimits(notifyPendingMsgs, notifyPendingBytes)
 	invokeSub, err := s.nc.QueueSubscribe(wire.SubjectNodeInvokeAll, wire.QueueShim, s.onInvoke)
 	if err != nil {
 		_ = stateSub.Unsubscribe()
+		_ = notifySub.Unsubscribe()
 		return fmt.Errorf("shim: subscribe %s: %w", wire.SubjectNodeInvokeAll, err)
 	}
 	// Ask every hub to re-announce its sessions: records written while no
@@ -225,6 +240,14 @@ func (s *Service) Run(ctx context.Context) error {
 	if err := s.nc.Flush(); err != nil {
 		s.log.Warn("flush after subscribe", "err", err)
 	}
+	hw, err := s.startHubWatch(stateSub)
+	if err != nil {
+		return fmt.Errorf("shim: subscribe %s: %w", wire.SubjectHubHeartbeat, err)
+	}
+	hwCtx, stopHW := context.WithCancel(ctx)
+	hwDone := make(chan struct{})
+	go func() { defer close(hwDone); hw.run(hwCtx) }()
+	defer func() { stopHW(); <-hwDone }()
 	close(s.ready)
 	s.log.Info("shim ready", "nodes", reg.Len())
 
@@ -245,6 +268,7 @@ loop:
 	defer budget.Stop()
 	drainSub(invokeSub, budget.C)
 	drainSub(stateSub, budget.C)
+	drainSub(notifySub, budget.C)
 	done := make(chan struct{})
 	go func() { s.inflight.Wait(); close(done) }()
 	select {

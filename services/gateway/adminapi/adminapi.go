@@ -81,6 +81,7 @@ func New(cfg Config) (http.Handler, error) {
 	r.MethodNotAllowed(func(w http.ResponseWriter, _ *http.Request) {
 		writeError(w, &apiError{http.StatusMethodNotAllowed, codeMethodNotAllowed, "method not allowed"})
 	})
+	r.Get("/api/whoami", a.whoami) // any role: not behind authenticate
 	r.Route("/api", func(r chi.Router) {
 		r.Use(a.authenticate)
 		r.Get("/tenants", a.handle(a.listTenants))

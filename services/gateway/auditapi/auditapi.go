@@ -4,7 +4,7 @@
 // under /api/audit/.
 //
 //	GET /api/audit/events?tenant=T&since=RFC3339&until=RFC3339&kind=K&node=N
-//	    &principal=P&tool=X&outcome=O&limit=N&cursor=C
+//	    &principal=P&tool=X&outcome=O&decision=D&limit=N&cursor=C
 //	→ 200 {"events":[audit.Event…],"nextCursor":"…"}
 //
 // Callers present "Authorization: Bearer <token>". An operator token of any
@@ -248,7 +248,7 @@ func (a *api) events(w http.ResponseWriter, r *http.Request) {
 	}
 	q := audit.Query{
 		Tenant: v.Get("tenant"), Kind: v.Get("kind"), Node: v.Get("node"), Principal: v.Get("principal"),
-		Tool: v.Get("tool"), Outcome: v.Get("outcome"), Cursor: v.Get("cursor"),
+		Tool: v.Get("tool"), Outcome: v.Get("outcome"), Decision: v.Get("decision"), Cursor: v.Get("cursor"),
 	}
 	switch {
 	case global && q.Tenant == "":

@@ -70,6 +70,7 @@ func TestInvokeAuditorToStore(t *testing.T) {
 		Args:     json.RawMessage(`{"delay":1,"password":"hunter2"}`),
 		Decision: access.Decision{Allowed: false, RuleID: "rule-no-reboot", Reason: "off limits"},
 		Outcome:  gateway.OutcomeDenied, ErrorCode: "POLICY_DENIED", IdempotencyKey: "k1", Latency: 300 * time.Microsecond,
+		TraceID: "4bf92f3577b34da6a3ce929d0e0e4736", SpanID: "00f067aa0ba902b7",
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -89,7 +90,8 @@ func TestInvokeAuditorToStore(t *testing.T) {
 	}
 	if got.Decision != audit.DecisionDeny || got.RuleID != "rule-no-reboot" || got.Outcome != "denied" ||
 		got.ErrorCode != "POLICY_DENIED" || got.LatencyUs != 300 || got.Principal != "tok_op" || got.Instance != "gw-1" ||
-		string(got.Args) != `{"delay":1,"password":"[REDACTED]"}` || got.Detail != "off limits" {
+		string(got.Args) != `{"delay":1,"password":"[REDACTED]"}` || got.Detail != "off limits" ||
+		got.TraceID != "4bf92f3577b34da6a3ce929d0e0e4736" || got.SpanID != "00f067aa0ba902b7" {
 		t.Fatalf("stored %+v (args %s)", got, got.Args)
 	}
 }

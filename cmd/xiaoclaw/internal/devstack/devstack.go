@@ -77,6 +77,9 @@ type Config struct {
 	// Ops, when set, is mounted by every gateway on its HTTP port for
 	// /healthz, /readyz, /metrics and /debug/loglevel.
 	Ops http.Handler
+	// Console, when set, is served by every gateway under /ui/
+	// (services/gateway/console).
+	Console http.Handler
 
 	// Tune lets tests and benchmarks adjust each service's config.
 	TuneHub     func(*devicehub.Config)
@@ -256,9 +259,9 @@ func Start(ctx context.Context, cfg Config) (*Stack, error) {
 
 func (s *Stack) connect(name string) (*nats.Conn, error) {
 	if s.nats != nil {
-		return s.nats.Connect(name)
+		return s.nats.Connect(name, s.errorHandler(name))
 	}
-	return nats.Connect(s.natsURL, nats.Name(name), nats.MaxReconnects(-1))
+	return nats.Connect(s.natsURL, nats.Name(name), nats.MaxReconnects(-1), s.errorHandler(name))
 }
 
 // NATSURL is the URL of the stack's NATS server.
@@ -369,6 +372,7 @@ func (s *Stack) AddGateway(name, addr string) (*Component, error) {
 		ConnectAuditor: s.Audit.ConnectAuditor(s.cfg.Log),
 
 		Ops:            s.cfg.Ops,
+		Console:        s.cfg.Console,
 		TracerProvider: s.cfg.GatewayTracerProvider,
 		Registerer:     s.cfg.Registerer,
 	}

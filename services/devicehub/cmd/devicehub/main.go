@@ -73,6 +73,9 @@ func run(args []string) error {
 	callTimeout := fs.Duration("call-timeout", devicehub.DefaultCallTimeout, "deadline of one device call when the caller sets none")
 	idleTimeout := fs.Duration("idle-timeout", devicehub.DefaultIdleTimeout, "close a session after this long without frames from the device")
 	withUserTools := fs.Bool("with-user-tools", false, "list the devices' user-only tools too")
+	notifyRate := fs.Float64("notify-rate", devicehub.DefaultNotifyRate, "notifications per second one device may send on average; more are dropped (negative: no limit)")
+	notifyBurst := fs.Int("notify-burst", devicehub.DefaultNotifyBurst, "notifications one device may send at once above its rate")
+	heartbeat := fs.Duration("heartbeat-interval", devicehub.DefaultHeartbeatInterval, "how often the hub tells the shims it is alive")
 	instance := fs.String("instance", host, "name of this replica in events and logs")
 	databaseURL := fs.String("database-url", "", "Postgres URL of the tenancy store: per-tenant HMAC device keys for authentication and OTA")
 	mqttAddr := fs.String("mqtt-addr", "", "listen address of the embedded MQTT broker for XiaoZhi MQTT devices (empty: no MQTT)")
@@ -142,6 +145,7 @@ func run(args []string) error {
 		OTA: devicehub.OTAConfig{Credentials: creds.minter, Activations: acts, AutoActivateTenant: *autoActivate,
 			WebSocketURL: *publicURL, MQTTEndpoint: *mqttEndpoint},
 		CallTimeout: *callTimeout, IdleTimeout: *idleTimeout, WithUserTools: *withUserTools, Version: version,
+		NotifyRate: *notifyRate, NotifyBurst: *notifyBurst, HeartbeatInterval: *heartbeat,
 		TracerProvider: tp, Registerer: reg,
 	}, nc, log)
 	if err != nil {

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -21,6 +22,7 @@ import (
 	"github.com/xiaoclaw/xiaoclaw/pkg/telemetry"
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
 	"github.com/xiaoclaw/xiaoclaw/services/gateway"
+	"github.com/xiaoclaw/xiaoclaw/services/gateway/console"
 )
 
 // version is set at build time (-ldflags "-X main.version=...").
@@ -60,8 +62,12 @@ func run(args []string) error {
 	logFormat := fs.String("log-format", env("LOG_FORMAT", "json"), "json or text (env XIAOCLAW_LOG_FORMAT)")
 	handshake := fs.Duration("handshake-timeout", 15*time.Second, "close sockets that do not complete connect in time")
 	maxInvoke := fs.Duration("max-invoke-timeout", 300*time.Second, "cap of any node.invoke timeoutMs")
+	idemTTL := fs.String("idempotency-ttl", env("IDEMPOTENCY_TTL", "5m"), "how long a node.invoke idempotency key is remembered (env XIAOCLAW_IDEMPOTENCY_TTL)")
+	idemReplicas := fs.String("idempotency-replicas", env("IDEMPOTENCY_REPLICAS", "1"), "replicas of the idempotency KV bucket in a NATS cluster; 3 in production (env XIAOCLAW_IDEMPOTENCY_REPLICAS)")
 	databaseURL := fs.String("database-url", env("DATABASE_URL", ""), "Postgres URL: tenants, operator tokens, policies, audit trail, admin API (env XIAOCLAW_DATABASE_URL)")
 	adminToken := fs.String("admin-token", env("ADMIN_TOKEN", ""), "global admin token of the admin API, at least 16 characters (env XIAOCLAW_ADMIN_TOKEN)")
+	jaegerURL := fs.String("jaeger-url", env("JAEGER_URL", ""), "Jaeger UI base URL the console at /ui/ links traces to (env XIAOCLAW_JAEGER_URL)")
+	noConsole := fs.Bool("no-console", env("NO_CONSOLE", "") == "true", "do not serve the operator console at /ui/ (env XIAOCLAW_NO_CONSOLE)")
 	auditWriter := fs.Bool("audit-writer", env("AUDIT_WRITER", "true") == "true", "also run the audit writer (stream → Postgres) in this process (env XIAOCLAW_AUDIT_WRITER)")
 	var tokens tokenList
 	fs.Var(&tokens, "operator-token", "static operator token TENANT=TOKEN or TENANT:ROLE=TOKEN (role admin, operator or viewer; default admin); repeatable (env XIAOCLAW_OPERATOR_TOKEN, comma-separated)")
@@ -77,6 +83,14 @@ func run(args []string) error {
 	auth, err := parseTokens(tokens)
 	if err != nil {
 		return err
+	}
+	ttl, err := time.ParseDuration(*idemTTL)
+	if err != nil || ttl < time.Second {
+		return fmt.Errorf("--idempotency-ttl %q: want a duration of at least 1s", *idemTTL)
+	}
+	replicas, err := strconv.Atoi(*idemReplicas)
+	if err != nil || replicas < 1 || replicas > 5 {
+		return fmt.Errorf("--idempotency-replicas %q: want 1 to 5", *idemReplicas)
 	}
 	if len(auth) == 0 && *databaseURL == "" {
 		return errors.New("no operator credentials: pass --database-url (tokens from the tenancy store) or --operator-token TENANT=TOKEN")
@@ -107,8 +121,16 @@ func run(args []string) error {
 		Auth:             auth,
 		HandshakeTimeout: *handshake,
 		MaxInvokeTimeout: *maxInvoke,
-		TracerProvider:   tp,
-		Registerer:       reg,
+		IdempotencyTTL:   ttl,
+
+		IdempotencyReplicas: replicas,
+		TracerProvider:      tp,
+		Registerer:          reg,
+	}
+	if !*noConsole {
+		if cfg.Console, err = console.New(console.Config{JaegerURL: *jaegerURL, Version: version}); err != nil {
+			return fmt.Errorf("--jaeger-url: %w", err)
+		}
 	}
 	var be *backend
 	if *databaseURL != "" {

@@ -61,29 +61,59 @@ type Store struct {
 	prefix string // subject prefix of the bucket's keys
 }
 
-// Open binds the bucket with the given TTL, creating it when missing. The
-// bucket is kept in memory: a dedupe window is short-lived state, and memory
-// storage halves the cost of each write. (Replicated, it survives the loss
-// of a NATS node; a single NATS server forgets the keys when it restarts.)
-func Open(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, ttl time.Duration) (*Store, error) {
+// Options of the bucket.
+type Options struct {
+	// TTL is how long a key is remembered; required.
+	TTL time.Duration
+	// Replicas is the bucket's replica count in a NATS cluster (default 1).
+	Replicas int
+}
+
+// Open binds the bucket, creating it when missing and bringing its TTL and
+// replicas to opts. The bucket is kept in file storage: clients retry
+// exactly when something restarted, so a key must outlive a NATS server
+// restart, or the retried call runs on the device a second time. A bucket
+// an older release made in memory storage (which a server restart empties)
+// is replaced; only keys it held are lost.
+func Open(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, opts Options) (*Store, error) {
+	if opts.TTL <= 0 {
+		return nil, errors.New("idempotency: TTL is required")
+	}
+	if opts.Replicas <= 0 {
+		opts.Replicas = 1
+	}
 	cfg := jetstream.KeyValueConfig{
 		Bucket:      wire.BucketIdempotency,
 		Description: "xiaoclaw node.invoke idempotency keys",
 		History:     1,
-		TTL:         ttl,
-		Storage:     jetstream.MemoryStorage,
+		TTL:         opts.TTL,
+		Storage:     jetstream.FileStorage,
+		Replicas:    opts.Replicas,
 	}
-	kv, err := js.KeyValue(ctx, cfg.Bucket)
-	if errors.Is(err, jetstream.ErrBucketNotFound) {
-		kv, err = js.CreateKeyValue(ctx, cfg)
-		if err != nil {
-			kv, err = js.KeyValue(ctx, cfg.Bucket)
-		}
-	}
+	kv, err := bind(ctx, js, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("idempotency bucket: %w", err)
 	}
 	return &Store{nc: nc, kv: kv, prefix: "$KV." + cfg.Bucket + "."}, nil
+}
+
+// bind creates the bucket, or updates the one there to cfg. A stream's
+// storage cannot change, so a memory bucket is deleted and created again.
+func bind(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
+	if kv, err := js.KeyValue(ctx, cfg.Bucket); err == nil {
+		st, err := kv.Status(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if info, ok := st.(*jetstream.KeyValueBucketStatus); ok && info.StreamInfo().Config.Storage != jetstream.FileStorage {
+			if err := js.DeleteKeyValue(ctx, cfg.Bucket); err != nil && !errors.Is(err, jetstream.ErrBucketNotFound) {
+				return nil, fmt.Errorf("replace memory bucket: %w", err)
+			}
+		}
+	} else if !errors.Is(err, jetstream.ErrBucketNotFound) {
+		return nil, err
+	}
+	return js.CreateOrUpdateKeyValue(ctx, cfg)
 }
 
 // errWrongRevision is the server refusing a write whose expected revision

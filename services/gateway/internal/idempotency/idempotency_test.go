@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/natsembed"
+	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
 )
 
 func openStore(tb testing.TB) *Store {
@@ -27,7 +28,7 @@ func openStore(tb testing.TB) *Store {
 	js, _ := jetstream.New(nc)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	s, err := Open(ctx, nc, js, time.Minute)
+	s, err := Open(ctx, nc, js, Options{TTL: time.Minute})
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -145,4 +146,39 @@ func BenchmarkClaimAndComplete(b *testing.B) {
 		}
 	}
 	_ = s.nc.Flush()
+}
+
+// A bucket an older release created in memory storage is replaced by a file
+// bucket, and the TTL follows the options.
+func TestOpenReplacesMemoryBucket(t *testing.T) {
+	ns, err := natsembed.Start(natsembed.Config{StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(ns.Shutdown)
+	nc, err := ns.Connect("idem")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, _ := jetstream.New(nc)
+	ctx := ctx10(t)
+	if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: wire.BucketIdempotency, TTL: time.Minute, Storage: jetstream.MemoryStorage}); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Open(ctx, nc, js, Options{TTL: 2 * time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := s.kv.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := st.(*jetstream.KeyValueBucketStatus).StreamInfo().Config
+	if cfg.Storage != jetstream.FileStorage || cfg.MaxAge != 2*time.Minute {
+		t.Fatalf("bucket storage %v max age %v", cfg.Storage, cfg.MaxAge)
+	}
+	if _, err := Open(ctx, nc, js, Options{}); err == nil {
+		t.Fatal("Open without a TTL succeeded")
+	}
 }

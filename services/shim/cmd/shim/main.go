@@ -55,6 +55,8 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	logLevel := fs.String("log-level", env("log-level", "info"), "debug, info, warn or error")
 	logFormat := fs.String("log-format", env("log-format", "json"), "json or text")
 	defTimeout := fs.String("default-timeout", env("default-timeout", "15s"), "deadline of an invoke that carries none")
+	hubTimeout := fs.String("hub-timeout", env("hub-timeout", shim.DefaultHubTimeout.String()),
+		"mark the devices of a devicehub disconnected after this long without its heartbeat; negative: never")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -62,7 +64,11 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("--default-timeout: %w", err)
 	}
-	cfg := shim.Config{Instance: *instance, DefaultTimeout: timeout}
+	hubTO, err := time.ParseDuration(*hubTimeout)
+	if err != nil {
+		return fmt.Errorf("--hub-timeout: %w", err)
+	}
+	cfg := shim.Config{Instance: *instance, DefaultTimeout: timeout, HubTimeout: hubTO}
 	if err := cfg.Validate(); err != nil {
 		return err
 	}

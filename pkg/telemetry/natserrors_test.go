@@ -1,0 +1,113 @@
+package telemetry_test
+
+import (
+	"bytes"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/xiaoclaw/xiaoclaw/pkg/natsembed"
+	"github.com/xiaoclaw/xiaoclaw/pkg/telemetry"
+)
+
+// syncBuffer is a log sink safe for the NATS client's goroutines.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// A subscription that cannot keep up drops messages; the handler counts the
+// slow consumer and logs it with the subject and the drops.
+func TestNATSErrorHandlerCountsSlowConsumer(t *testing.T) {
+	ns, err := natsembed.Start(natsembed.Config{StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(ns.Shutdown)
+	reg := prometheus.NewRegistry()
+	var logs syncBuffer
+	onErr, err := telemetry.NATSErrorHandler(reg, telemetry.LabelShim, slog.New(slog.NewTextHandler(&logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := ns.Connect("consumer", nats.ErrorHandler(onErr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	release := make(chan struct{})
+	sub, err := nc.Subscribe("flood", func(*nats.Msg) { <-release })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer close(release)
+	if err := sub.SetPendingLimits(8, -1); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	pub, err := ns.Connect("producer")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pub.Close)
+	for range 100 {
+		if err := pub.Publish("flood", []byte("x")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := pub.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	slow := func() float64 { return slowConsumers(t, reg) }
+	deadline := time.Now().Add(10 * time.Second)
+	for slow() < 1 || !strings.Contains(logs.String(), "subject=flood") {
+		if time.Now().After(deadline) {
+			t.Fatalf("slow consumer not reported: count %v, logs %q", slow(), logs.String())
+		}
+		time.Sleep(5 * time.Millisecond) // polling the counter
+	}
+	if !strings.Contains(logs.String(), "kind=slow_consumer") || !strings.Contains(logs.String(), "dropped_total=") {
+		t.Fatalf("log line lacks kind or drops: %q", logs.String())
+	}
+}
+
+// slowConsumers reads xiaoclaw_nats_async_errors_total{kind="slow_consumer"}.
+func slowConsumers(t *testing.T, reg *prometheus.Registry) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != telemetry.MetricNATSAsyncErrors {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "kind" && l.GetValue() == telemetry.NATSErrSlowConsumer {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
+}
