@@ -26,7 +26,7 @@ const hashSuffixLen = 1 + 8
 
 // baseToolName is the exposed name of a node's tool before collisions are
 // resolved: the node's short name and the tool's name, each reduced to
-// [a-zA-Z0-9_-], joined by "__". long reports that it had to be cut to
+// [a-zA-Z0-9_], joined by "__". long reports that it had to be cut to
 // MaxToolName (the caller then adds the hash suffix).
 func baseToolName(displayName, nodeID, tool string) (name string, long bool) {
 	node := shortNode(displayName)
@@ -54,9 +54,9 @@ func shortNode(name string) string {
 	if len(s) <= maxNodePart {
 		return s
 	}
-	head := strings.TrimRight(s[:maxNodePart-keepTail-1], "_-")
-	tail := strings.TrimLeft(s[len(s)-keepTail:], "_-")
-	return head + "-" + tail
+	head := strings.TrimRight(s[:maxNodePart-keepTail-1], "_")
+	tail := strings.TrimLeft(s[len(s)-keepTail:], "_")
+	return head + "_" + tail
 }
 
 // uniqueToolName is the base name made unique with a suffix derived from
@@ -70,39 +70,36 @@ func uniqueToolName(base, nodeID, tool string) string {
 	return base + "_" + hex.EncodeToString(h[:4])
 }
 
-// slug reduces s to at most max characters of [a-zA-Z0-9_-]: a run of
-// other characters becomes one '-' (a '.' becomes '_', so XiaoZhi's
-// "self.audio_speaker.set_volume" reads "self_audio_speaker_set_volume"),
-// and separators are trimmed from both ends.
+// slug reduces s to at most max characters of [a-zA-Z0-9_]: a run of
+// other characters ('-' and '.' included) becomes one '_', so XiaoZhi's
+// "self.audio_speaker.set_volume" reads "self_audio_speaker_set_volume".
+// '-' is valid in an MCP tool name, but agent SDKs rewrite it (the OpenAI
+// Agents SDK turns it into '_'), so the name an agent sees would differ
+// from the listed one; separators are trimmed from both ends.
 func slug(s string, max int) string {
 	var b strings.Builder
 	b.Grow(min(len(s), max))
 	sep := false
 	for _, r := range s {
+		if b.Len() >= max {
+			break
+		}
 		switch {
-		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '_', r == '-':
+		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9':
 			if sep && b.Len() > 0 {
-				b.WriteByte('-')
-			}
-			sep = false
-			b.WriteRune(r)
-		case r == '.':
-			if b.Len() > 0 {
 				b.WriteByte('_')
 			}
 			sep = false
+			b.WriteRune(r)
 		default:
 			sep = true
-		}
-		if b.Len() >= max {
-			break
 		}
 	}
 	out := b.String()
 	if len(out) > max {
 		out = out[:max]
 	}
-	return strings.Trim(out, "_-")
+	return strings.Trim(out, "_")
 }
 
 // ValidToolName reports whether name matches ^[a-zA-Z0-9_-]{1,64}$.

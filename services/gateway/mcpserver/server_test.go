@@ -222,15 +222,15 @@ func TestListsConnectedToolsWithValidUniqueNames(t *testing.T) {
 			t.Errorf("tool %q lost its inputSchema: %s", tool.Name, schema)
 		}
 	}
-	if !seen["Desk-lamp__self_light_set"] {
+	if !seen["Desk_lamp__self_light_set"] {
 		t.Errorf("the lamp's tool has no plain name: %v", got)
 	}
 	for _, n := range got {
-		if strings.HasPrefix(n, "Kitchen-speaker__self_audio_speaker_set_volume") && n == "Kitchen-speaker__self_audio_speaker_set_volume" {
+		if strings.HasPrefix(n, "Kitchen_speaker__self_audio_speaker_set_volume") && n == "Kitchen_speaker__self_audio_speaker_set_volume" {
 			t.Errorf("two kitchen speakers share a plain name: %v", got)
 		}
 	}
-	if !seen["Kitchen-speaker__self_get_device_status"] {
+	if !seen["Kitchen_speaker__self_get_device_status"] {
 		t.Errorf("a tool without a clash lost its plain name: %v", got)
 	}
 }
@@ -290,7 +290,7 @@ func TestScopesNodeAndGroup(t *testing.T) {
 	}
 	// A tool outside the scope cannot be called through it.
 	cs := h.connect("op-a", "/mcp/groups/kitchen", nil)
-	if _, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "Desk-lamp__self_light_set"}); err == nil {
+	if _, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "Desk_lamp__self_light_set"}); err == nil {
 		t.Error("a group session called a tool of a node outside the group")
 	}
 	nodeSess := h.connect("op-a", "/mcp/nodes/xz-1", nil)
