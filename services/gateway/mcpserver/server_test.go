@@ -116,14 +116,14 @@ var tokens = access.StaticTokens{
 }
 
 type harness struct {
-	t     *testing.T
+	t     testing.TB
 	nodes *fakeNodes
 	inv   *fakeInvoker
 	srv   *Server
 	http  *httptest.Server
 }
 
-func newHarness(t *testing.T, cfg Config) *harness {
+func newHarness(t testing.TB, cfg Config) *harness {
 	t.Helper()
 	h := &harness{t: t, nodes: &fakeNodes{}, inv: &fakeInvoker{fail: map[string]*CallError{}}}
 	cfg.Auth = tokens

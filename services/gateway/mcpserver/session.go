@@ -131,12 +131,12 @@ func (sess *session) page(ctx context.Context, cursor string) ([]*mcp.Tool, stri
 	out := make([]*mcp.Tool, 0, min(size, len(snap.entries)))
 	last, more := "", false
 	visit := func(name string, e *entry) bool {
-		if len(out) == size {
-			more = true
-			return false
-		}
 		if !e.node.Connected || !sess.visible(ctx, e.node, e.tool.name) {
 			return true
+		}
+		if len(out) == size {
+			more = true // a next page holds at least this tool
+			return false
 		}
 		out = append(out, e.tool.mcpTool(name, e.node))
 		last = name
