@@ -210,6 +210,7 @@ func printBanner(w io.Writer, st *devstack.Stack, c devCredentials, dataDir stri
 	}
 	fmt.Fprintf(&b, "  admin API  http://%s/api/   admin token: %s\n", st.Gateways[0].Addr(), c.AdminToken)
 	fmt.Fprintf(&b, "  console    http://%s/ui/    (sign in with the operator or admin token)\n", st.Gateways[0].Addr())
+	fmt.Fprintf(&b, "  MCP        http://%s/mcp    (Authorization: Bearer <operator token>; docs/mcp.md)\n", st.Gateways[0].Addr())
 	fmt.Fprintf(&b, "  nats       %s\n\n", st.NATSURL())
 	fmt.Fprintf(&b, "Try, in another terminal:\n")
 	fmt.Fprintf(&b, "  xiaoclaw sim --url %s --token %s --count 3\n", st.DeviceURL(0), c.DeviceToken)
