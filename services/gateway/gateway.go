@@ -376,6 +376,9 @@ func (s *Service) shutdown() {
 	}
 	s.mu.RUnlock()
 
+	if s.mcp != nil {
+		s.mcp.Close() // their GET streams would hold the HTTP server's shutdown
+	}
 	hctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	_ = s.http.Shutdown(hctx)
 	cancel()

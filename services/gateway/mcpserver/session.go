@@ -26,7 +26,8 @@ type session struct {
 	principal access.Principal
 	scope     scope
 	server    *mcp.Server
-	inflight  atomic.Int64 // tools/call in progress
+	ss        *mcp.ServerSession // set at initialize
+	inflight  atomic.Int64       // tools/call in progress
 }
 
 func (s *Server) newSession(p access.Principal, sc scope) *session {
@@ -43,6 +44,7 @@ func (s *Server) register(sess *session, ss *mcp.ServerSession) {
 		s.mu.Unlock()
 		return // a repeated initialize
 	}
+	sess.ss = ss
 	s.sessions[sess.id] = sess
 	set := s.byTenant[sess.principal.Tenant]
 	if set == nil {
@@ -63,6 +65,20 @@ func (s *Server) register(sess *session, ss *mcp.ServerSession) {
 		}
 		s.mu.Unlock()
 	}()
+}
+
+// Close ends every session of this replica (the gateway's shutdown): their
+// GET streams end and their clients must open new sessions elsewhere.
+func (s *Server) Close() {
+	s.mu.Lock()
+	open := make([]*mcp.ServerSession, 0, len(s.sessions))
+	for _, sess := range s.sessions {
+		open = append(open, sess.ss)
+	}
+	s.mu.Unlock()
+	for _, ss := range open {
+		_ = ss.Close()
+	}
 }
 
 // Sessions reports the number of open sessions on this replica.

@@ -194,3 +194,40 @@ func TestMCPAuth(t *testing.T) {
 		t.Errorf("bravo sees %d tools of acme's device", n)
 	}
 }
+
+// TestMCPScopes: a group scope serves the nodes of the tenant's policy
+// group (the policy engine's groups), a node scope one node under the
+// device's own tool names.
+func TestMCPScopes(t *testing.T) {
+	st := startStack(t, Config{})
+	acme := newTenant(t, st, "acme")
+	in, err := tenantDevice(t, st, acme.id, 0, "02:0e:00:00:02:01")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := tenantDevice(t, st, acme.id, 0, "02:0e:00:00:02:02")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Tenancy.Manager.SetGroup(context.Background(), acme.id, "kitchen", []string{nodeID(in)}); err != nil {
+		t.Fatal(err)
+	}
+	auth := map[string]string{"Authorization": "Bearer " + acme.token}
+	all := mcpConnect(t, mcpURL(st, 0, "/mcp"), auth, nil)
+	waitFor(t, func() bool {
+		tools := mcpTools(t, all)
+		return toolOf(tools, nodeID(in), "self.get_device_status") != "" && toolOf(tools, nodeID(out), "self.get_device_status") != ""
+	})
+	group := mcpTools(t, mcpConnect(t, mcpURL(st, 0, "/mcp/groups/kitchen"), auth, nil))
+	if toolOf(group, nodeID(in), "self.get_device_status") == "" || toolOf(group, nodeID(out), "self.get_device_status") != "" {
+		t.Errorf("the kitchen group lists %d tools: want the member's only", len(group))
+	}
+	node := mcpConnect(t, mcpURL(st, 0, "/mcp/nodes/"+nodeID(out)), auth, nil)
+	if _, ok := mcpTools(t, node)["self.audio_speaker.set_volume"]; !ok {
+		t.Error("a node scope does not use the device's own tool names")
+	}
+	res, err := node.CallTool(context.Background(), &mcp.CallToolParams{Name: "self.audio_speaker.set_volume", Arguments: map[string]any{"volume": 12}})
+	if err != nil || res.IsError || out.Volume() != 12 {
+		t.Errorf("a node-scoped call: %v %+v, volume %d", err, res, out.Volume())
+	}
+}
