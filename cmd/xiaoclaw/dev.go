@@ -45,6 +45,9 @@ type devCredentials struct {
 	DeviceToken   string `json:"deviceToken"`
 	OperatorToken string `json:"operatorToken"`
 	AdminToken    string `json:"adminToken"`
+	// NATSPassword protects the embedded NATS server when --nats-listen
+	// exposes it.
+	NATSPassword string `json:"natsPassword"`
 }
 
 func devCommand(env func(string) string, stdout io.Writer) *cobra.Command {
@@ -66,7 +69,7 @@ Ctrl-C (SIGINT) or SIGTERM shuts down gracefully.`,
 	fl.StringVar(&f.gatewayAddr, "gateway-addr", "127.0.0.1:18789", "operator endpoint: OpenClaw gateway protocol")
 	fl.StringVar(&f.mqttAddr, "mqtt-addr", "127.0.0.1:1884", "MQTT device endpoint (embedded broker; empty: no MQTT)")
 	fl.BoolVar(&f.noAutoActivate, "no-auto-activate", false, "do not bind new OTA devices to the dev tenant; bind their codes with xiaoclaw device activate")
-	fl.StringVar(&f.natsListen, "nats-listen", "127.0.0.1:0", "client address of the embedded NATS server")
+	fl.StringVar(&f.natsListen, "nats-listen", "", "let processes outside dev reach the embedded NATS server at this address, with user "+devstack.NATSUser+" and a generated password (empty: in-process only, no listener)")
 	fl.StringVar(&f.natsURL, "nats-url", env("XIAOCLAW_NATS_URL"), "use this NATS server instead of the embedded one (env XIAOCLAW_NATS_URL)")
 	fl.StringVar(&f.dataDir, "data-dir", defaultDataDir(env), "state directory (JetStream store, generated credentials)")
 	fl.StringVar(&f.deviceToken, "device-token", env("XIAOCLAW_DEVICE_TOKEN"), "the dev tenant's device token (generated when empty)")
@@ -119,7 +122,8 @@ func loadCredentials(dir string, f *devFlags) (devCredentials, error) {
 		flag  string
 		saved *string
 		pref  string
-	}{{f.deviceToken, &c.DeviceToken, "devdev_"}, {f.operatorToken, &c.OperatorToken, "devop_"}, {f.adminToken, &c.AdminToken, "devadmin_"}} {
+	}{{f.deviceToken, &c.DeviceToken, "devdev_"}, {f.operatorToken, &c.OperatorToken, "devop_"}, {f.adminToken, &c.AdminToken, "devadmin_"},
+		{"", &c.NATSPassword, "devnats_"}} {
 		switch {
 		case p.flag != "":
 			*p.saved = p.flag
@@ -167,6 +171,7 @@ func runDev(ctx context.Context, f *devFlags, env func(string) string, stdout io
 		DataDir:       f.dataDir,
 		NATSURL:       f.natsURL,
 		NATSListen:    f.natsListen,
+		NATSPassword:  creds.NATSPassword,
 		DeviceAddr:    f.deviceAddr,
 		MQTTAddr:      f.mqttAddr,
 		AutoActivate:  !f.noAutoActivate,
@@ -189,7 +194,7 @@ func runDev(ctx context.Context, f *devFlags, env func(string) string, stdout io
 		st.Close()
 		return err
 	}
-	printBanner(stdout, st, creds, f.dataDir)
+	printBanner(stdout, st, creds, f)
 	<-ctx.Done()
 	stop() // a second signal now kills the process the default way
 	fmt.Fprintln(stdout, "shutting down…")
@@ -197,7 +202,8 @@ func runDev(ctx context.Context, f *devFlags, env func(string) string, stdout io
 	return nil
 }
 
-func printBanner(w io.Writer, st *devstack.Stack, c devCredentials, dataDir string) {
+func printBanner(w io.Writer, st *devstack.Stack, c devCredentials, f *devFlags) {
+	dataDir := f.dataDir
 	var b strings.Builder
 	fmt.Fprintf(&b, "\nxiaoclaw dev is running (tenant %q, data in %s)\n\n", devstack.DevTenant, dataDir)
 	fmt.Fprintf(&b, "  operators  %s\n", st.GatewayURL(0))
@@ -211,7 +217,14 @@ func printBanner(w io.Writer, st *devstack.Stack, c devCredentials, dataDir stri
 	fmt.Fprintf(&b, "  admin API  http://%s/api/   admin token: %s\n", st.Gateways[0].Addr(), c.AdminToken)
 	fmt.Fprintf(&b, "  console    http://%s/ui/    (sign in with the operator or admin token)\n", st.Gateways[0].Addr())
 	fmt.Fprintf(&b, "  MCP        http://%s/mcp    (Authorization: Bearer <operator token>; docs/mcp.md)\n", st.Gateways[0].Addr())
-	fmt.Fprintf(&b, "  nats       %s\n\n", st.NATSURL())
+	switch {
+	case f.natsURL != "":
+		fmt.Fprintf(&b, "  nats       %s (external)\n\n", st.NATSURL())
+	case st.NATSURL() != "":
+		fmt.Fprintf(&b, "  nats       %s   user %s, password %s\n\n", st.NATSURL(), devstack.NATSUser, c.NATSPassword)
+	default:
+		fmt.Fprintf(&b, "  nats       in-process only (--nats-listen exposes it, with a password)\n\n")
+	}
 	fmt.Fprintf(&b, "Try, in another terminal:\n")
 	fmt.Fprintf(&b, "  xiaoclaw sim --url %s --token %s --count 3\n", st.DeviceURL(0), c.DeviceToken)
 	fmt.Fprintf(&b, "  XIAOCLAW_URL=%s XIAOCLAW_TOKEN=%s xiaoclaw nodes\n", st.GatewayURL(0), c.OperatorToken)

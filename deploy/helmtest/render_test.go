@@ -40,7 +40,7 @@ func scenarios(t *testing.T) []scenario {
 		{
 			name:            "production",
 			args:            []string{"-f", filepath.Join(chart, "values-production.yaml")},
-			externalSecrets: map[string]bool{"xiaoclaw-credentials": true},
+			externalSecrets: map[string]bool{"xiaoclaw-credentials": true, "xiaoclaw-nats-auth": true},
 			preInstall:      true,
 		},
 		{

@@ -126,6 +126,9 @@ func deviceAuthFailureEvent(data []byte) (Event, bool) {
 		Detail: "transport=" + f.Transport + " remote=" + f.RemoteIP + " client=" + strconv.Quote(f.ClientID) +
 			" reason=" + strconv.Quote(f.Reason),
 	}
+	if f.Count > 1 {
+		e.Detail += " count=" + strconv.Itoa(f.Count)
+	}
 	if f.AtMs > 0 {
 		e.Time = time.UnixMilli(f.AtMs)
 	}

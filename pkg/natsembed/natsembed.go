@@ -22,12 +22,20 @@ type Config struct {
 	StoreDir string
 	// ServerName shows in monitoring; defaults to "xiaoclaw-dev".
 	ServerName string
+	// User and Password, when set, are required of every client, in-process
+	// ones included: a listening server is then no open door to the bus.
+	User, Password string
+	// Users, when set, are the server's users with their subject
+	// permissions (as a production server configures them); clients
+	// connect with their own credentials (Connect's opts).
+	Users []*server.User
 }
 
 // Server is a running embedded NATS server.
 type Server struct {
-	ns   *server.Server
-	opts *server.Options
+	ns             *server.Server
+	opts           *server.Options
+	user, password string
 }
 
 // Start starts the server and waits until it accepts connections.
@@ -56,11 +64,18 @@ func Start(cfg Config) (*Server, error) {
 		NoLog:      true,
 		MaxPayload: 8 << 20,
 	}
+	if cfg.User != "" || cfg.Password != "" {
+		if cfg.User == "" || cfg.Password == "" {
+			return nil, fmt.Errorf("natsembed: User and Password go together")
+		}
+		opts.Users = []*server.User{{Username: cfg.User, Password: cfg.Password}}
+	}
+	opts.Users = append(opts.Users, cfg.Users...)
 	ns, err := run(opts)
 	if err != nil {
 		return nil, err
 	}
-	return &Server{ns: ns, opts: opts}, nil
+	return &Server{ns: ns, opts: opts, user: cfg.User, password: cfg.Password}, nil
 }
 
 func run(opts *server.Options) (*server.Server, error) {
@@ -106,6 +121,9 @@ func (s *Server) ClientURL() string {
 // Connect opens a client connection; in-process when the server does not listen.
 func (s *Server) Connect(name string, opts ...nats.Option) (*nats.Conn, error) {
 	opts = append([]nats.Option{nats.Name(name), nats.MaxReconnects(-1)}, opts...)
+	if s.user != "" {
+		opts = append(opts, nats.UserInfo(s.user, s.password))
+	}
 	if s.ns.Addr() == nil {
 		opts = append(opts, nats.InProcessServer(s.ns))
 	}

@@ -68,17 +68,20 @@ func (p *Process) Shutdown() {
 }
 
 // ConnectNATS connects to NATS for ever-retrying use by a service, logs
-// disconnects, reconnects and asynchronous errors (NATSErrorHandler) on
-// log, and exports the connection state as
-// the xiaoclaw_nats_connected gauge with the service label.
-func (p *Process) ConnectNATS(url, name, label string, log *slog.Logger) (*nats.Conn, error) {
+// disconnects, reconnects and asynchronous errors such as slow consumers and
+// permission violations (NATSErrorHandler) on log, and exports the
+// connection state as the xiaoclaw_nats_connected gauge with the service
+// label. opts add the service's credentials (natsauth).
+func (p *Process) ConnectNATS(url, name, label string, log *slog.Logger, opts ...nats.Option) (*nats.Conn, error) {
 	onErr, err := NATSErrorHandler(p.Registry, label, log)
 	if err != nil {
 		return nil, err
 	}
-	nc, err := nats.Connect(url, nats.Name(name), nats.MaxReconnects(-1), nats.ErrorHandler(onErr),
+	opts = append([]nats.Option{nats.Name(name), nats.MaxReconnects(-1), nats.ErrorHandler(onErr),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { log.Warn("NATS disconnected", "err", err) }),
-		nats.ReconnectHandler(func(c *nats.Conn) { log.Info("NATS reconnected", "url", c.ConnectedUrlRedacted()) }))
+		nats.ReconnectHandler(func(c *nats.Conn) { log.Info("NATS reconnected", "url", c.ConnectedUrlRedacted()) }),
+	}, opts...)
+	nc, err := nats.Connect(url, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("connect NATS %s: %w", url, err)
 	}

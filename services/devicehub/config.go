@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 
+	"github.com/xiaoclaw/xiaoclaw/pkg/authguard"
 	"github.com/xiaoclaw/xiaoclaw/pkg/deviceauth"
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
 )
@@ -100,6 +101,18 @@ type Config struct {
 	ShutdownTimeout time.Duration
 	// Version is reported as clientInfo.version in MCP initialize.
 	Version string
+
+	// AuthFailures throttles refused devices per source address: default
+	// 10 refusals in a row, then one every 6 s; a throttled source is
+	// refused before its credential is checked (WebSocket and OTA: 429
+	// with Retry-After; MQTT: CONNACK "server unavailable"), and its
+	// refusals reach the audit trail as one record per minute with their
+	// count.
+	AuthFailures authguard.Config
+	// DeviceAuthFailures budgets the refusals claiming one device id
+	// (same defaults): past it they are answered 429 instead of 401, but
+	// the device's correct credential is still accepted.
+	DeviceAuthFailures authguard.Config
 
 	// MQTTAddr, when set, runs the embedded MQTT broker for XiaoZhi MQTT
 	// devices on this TCP address ("host:0" picks a free port; MQTTAddr()

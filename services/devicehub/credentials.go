@@ -8,8 +8,10 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/deviceauth"
+	"github.com/xiaoclaw/xiaoclaw/pkg/tenancy"
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
 )
 
@@ -25,13 +27,43 @@ type CredentialMinter interface {
 	MintMQTTCredentials(ctx context.Context, tenant, clientID string) (username, password string, err error)
 }
 
-// StaticCredentials is one tenant's fixed device token, for development:
-// it authenticates WebSocket devices presenting Token, MQTT devices whose
-// password is base64(HMAC-SHA256(Token, client_id + "|" + username)), and
-// mints exactly those. It is both the hub's Auth and the OTA's Credentials.
+// StaticCredentials is one tenant's fixed device token, for development
+// and single-tenant installs without a tenancy database. It is both the
+// hub's Auth and the OTA's Credentials. It authenticates:
+//   - WebSocket devices presenting Token itself, as any device id: a
+//     development convenience for `xiaoclaw sim` and scripts;
+//   - WebSocket devices presenting a token minted by MintDeviceToken, which
+//     is bound to the Client-Id and Device-Id it was minted for (the
+//     tenancy token form "<sig>.<ts>", keyed with Token, valid TokenTTL);
+//   - MQTT devices whose password is base64(HMAC-SHA256(Token, client_id +
+//     "|" + username)), bound to the client id and so to the device.
+//
+// The OTA endpoint hands out only the bound forms, never Token.
 type StaticCredentials struct {
 	Token  string
 	Tenant string
+	// TokenTTL is how long a minted WebSocket token verifies; 0 means 30
+	// days (as the tenancy device keys).
+	TokenTTL time.Duration
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+}
+
+// staticTokenSkew is how far in the future a minted token's time may lie.
+const staticTokenSkew = 5 * time.Minute
+
+func (s StaticCredentials) now() time.Time {
+	if s.Now != nil {
+		return s.Now()
+	}
+	return time.Now()
+}
+
+func (s StaticCredentials) ttl() time.Duration {
+	if s.TokenTTL > 0 {
+		return s.TokenTTL
+	}
+	return 30 * 24 * time.Hour
 }
 
 var (
@@ -56,18 +88,36 @@ func (s StaticCredentials) AuthenticateDevice(_ context.Context, c deviceauth.Cr
 		}
 		return s.Tenant, nil
 	}
-	if subtle.ConstantTimeCompare([]byte(s.Token), []byte(c.Token)) != 1 {
+	if subtle.ConstantTimeCompare([]byte(s.Token), []byte(c.Token)) == 1 {
+		return s.Tenant, nil
+	}
+	tok, err := tenancy.ParseDeviceToken(c.Token)
+	if err != nil || tok.KeyID != "" {
+		return "", fmt.Errorf("%w: bad token", deviceauth.ErrUnauthenticated)
+	}
+	minted, now := time.Unix(tok.TS, 0), s.now()
+	if minted.After(now.Add(staticTokenSkew)) || !now.Before(minted.Add(s.ttl())) {
+		return "", fmt.Errorf("%w: device token expired or from the future", deviceauth.ErrUnauthenticated)
+	}
+	// The token carries the HMAC of the headers it was minted for: it
+	// verifies only for that Client-Id and Device-Id.
+	want, err := tenancy.ParseDeviceToken(tenancy.FormatDeviceToken("", s.Token, c.ClientID, c.DeviceID, minted))
+	if err != nil || !hmac.Equal(want.Sig, tok.Sig) {
 		return "", fmt.Errorf("%w: bad token", deviceauth.ErrUnauthenticated)
 	}
 	return s.Tenant, nil
 }
 
-// MintDeviceToken returns Token.
-func (s StaticCredentials) MintDeviceToken(_ context.Context, tenant, _, _ string) (string, error) {
+// MintDeviceToken returns a token bound to the Client-Id and Device-Id
+// the device will send (never Token itself).
+func (s StaticCredentials) MintDeviceToken(_ context.Context, tenant, clientID, deviceID string) (string, error) {
 	if tenant != s.Tenant {
 		return "", fmt.Errorf("static credentials serve tenant %q only", s.Tenant)
 	}
-	return s.Token, nil
+	if clientID == "" || deviceID == "" {
+		return "", errors.New("client id and device id required")
+	}
+	return tenancy.FormatDeviceToken("", s.Token, clientID, deviceID, s.now()), nil
 }
 
 // MintMQTTCredentials returns a fixed username and the client id's HMAC

@@ -16,6 +16,7 @@ import (
 	"github.com/coder/websocket"
 	"github.com/nats-io/nats.go"
 
+	"github.com/xiaoclaw/xiaoclaw/pkg/authguard"
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
 	"github.com/xiaoclaw/xiaoclaw/pkg/xzsim"
 	"github.com/xiaoclaw/xiaoclaw/services/devicehub"
@@ -312,7 +313,7 @@ func TestTwoReplicasServeTheirOwnDevices(t *testing.T) {
 
 func TestWrongCredentialsRefusedBeforeUpgrade(t *testing.T) {
 	e := newEnv(t)
-	hub := startHub(t, e, devicehub.Config{})
+	hub := startHub(t, e, devicehub.Config{AuthFailures: announceEach})
 	authFails := subscribeAuthFailures(t, e.nc)
 	for _, tc := range []struct {
 		name   string
@@ -775,11 +776,15 @@ func subscribeAuthFailures(t *testing.T, nc *nats.Conn) chan *nats.Msg {
 
 // expectAuthFailures waits for n announcements of transport, checks that
 // none holds any of secrets, and counts them by reason.
+// announceEach makes a hub announce every refusal on its own (no folding
+// per interval), for tests of the announcements' content.
+var announceEach = authguard.Config{SummaryInterval: time.Nanosecond}
+
 func expectAuthFailures(t *testing.T, ch chan *nats.Msg, n int, transport string, secrets ...string) map[string]int {
 	t.Helper()
 	reasons := map[string]int{}
 	deadline := time.After(waitLimit)
-	for i := 0; i < n; i++ {
+	for i := 0; i < n; {
 		select {
 		case m := <-ch:
 			for _, s := range secrets {
@@ -791,7 +796,8 @@ func expectAuthFailures(t *testing.T, ch chan *nats.Msg, n int, transport string
 			if err := json.Unmarshal(m.Data, &f); err != nil || f.Transport != transport || f.Hub == "" || f.RemoteIP == "" || f.AtMs == 0 {
 				t.Fatalf("auth failure announcement %s (%v)", m.Data, err)
 			}
-			reasons[f.Reason]++
+			reasons[f.Reason] += max(f.Count, 1)
+			i += max(f.Count, 1)
 		case <-deadline:
 			t.Fatalf("%d of %d auth failure announcements", i, n)
 		}

@@ -50,6 +50,7 @@ type hub struct {
 	conns sync.WaitGroup
 
 	lastSessionNanos atomic.Int64
+	fails            *authFailures // refused devices, throttled and folded (authfail.go)
 
 	// Telemetry, set by instrument.
 	tracer           trace.Tracer

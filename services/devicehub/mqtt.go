@@ -138,6 +138,13 @@ func (h *mqttHook) OnConnect(cl *mqtt.Client, pk packets.Packet) error {
 		_ = h.b.srv.SendConnack(cl, packets.ErrUnsupportedProtocolVersion, false, nil)
 		return packets.ErrUnsupportedProtocolVersion
 	}
+	// A source that failed too often is refused before its credentials
+	// are checked; MQTT 3.1.1 has no "retry later" code, "server
+	// unavailable" makes the firmware back off.
+	if h.b.hub.throttled(wire.TransportMQTT, cl.Net.Remote) > 0 {
+		_ = h.b.srv.SendConnack(cl, packets.ErrServerUnavailable, false, nil)
+		return packets.ErrServerUnavailable
+	}
 	if cl.State.Keepalive == 0 {
 		cl.State.Keepalive = uint16(h.b.hub.cfg.MQTTKeepalive / time.Second)
 	}

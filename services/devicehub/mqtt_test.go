@@ -110,7 +110,7 @@ func TestOTABootThenMQTTSessionServesCalls(t *testing.T) {
 		t.Fatal(err)
 	}
 	if reply.ServerTime.Timestamp == 0 || reply.Firmware.Version != xzsim.DefaultFirmwareVersion || reply.Firmware.URL != "" ||
-		reply.WebSocket.URL != wsURL(hub) || reply.WebSocket.Token != testToken ||
+		reply.WebSocket.URL != wsURL(hub) || reply.WebSocket.Token == "" || reply.WebSocket.Token == testToken ||
 		reply.MQTT.Endpoint != hub.MQTTAddr() || reply.MQTT.PublishTopic != "device-server" ||
 		reply.MQTT.SubscribeTopic != "devices/p2p/aa_bb_cc_0f_00_01" || !strings.HasPrefix(reply.MQTT.ClientID, "GID_xiaoclaw@@@aa_bb_cc_0f_00_01@@@") {
 		t.Fatalf("OTA reply: %s", raw)
@@ -129,7 +129,7 @@ func TestOTABootThenMQTTSessionServesCalls(t *testing.T) {
 
 func TestMQTTWrongCredentialsRefused(t *testing.T) {
 	e := newEnv(t)
-	hub := startMQTTHub(t, e, nil)
+	hub := startMQTTHub(t, e, func(c *devicehub.Config) { c.AuthFailures = announceEach })
 	const mac = "aa:bb:cc:0f:00:02"
 	good := mqttConfig(t, hub, mac)
 	authFails := subscribeAuthFailures(t, e.nc)
@@ -510,7 +510,8 @@ func postActivate(t *testing.T, hub *devicehub.Service, mac, body string) int {
 
 func TestOTARefusesJunkWithClearErrors(t *testing.T) {
 	e := newEnv(t)
-	hub := startMQTTHub(t, e, nil)
+	// More junk than the default failure budget of one source.
+	hub := startMQTTHub(t, e, func(c *devicehub.Config) { c.AuthFailures.Burst = 100 })
 	for _, tc := range []struct {
 		name, path string
 		hdr        map[string]string

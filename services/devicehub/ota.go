@@ -148,20 +148,41 @@ type otaActivation struct {
 // accepts publishes on any topic and routes them by connection).
 const PublishTopic = "device-server"
 
+// otaRefused records a refused OTA or activation request against the
+// source's budget (shared with the device endpoints) and answers it.
+func (h *otaHandler) otaRefused(w http.ResponseWriter, r *http.Request, status int, device, msg string) {
+	h.s.hub.authFailed(transportOTA, device, r.Header.Get("Client-Id"), remoteHost(r.RemoteAddr), msg)
+	writeJSONError(w, status, msg)
+}
+
+// transportOTA names the OTA endpoint in refusal records.
+const transportOTA = "ota"
+
+func remoteHost(addr string) string {
+	if host, _, err := net.SplitHostPort(addr); err == nil {
+		return host
+	}
+	return addr
+}
+
 func (h *otaHandler) serveOTA(w http.ResponseWriter, r *http.Request) {
+	if wait := h.s.hub.throttled(transportOTA, r.RemoteAddr); wait > 0 {
+		tooManyFailures(w, wait)
+		return
+	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, xzproto.MaxOTABody))
 	if err != nil {
-		writeJSONError(w, http.StatusRequestEntityTooLarge, "body too large")
+		h.otaRefused(w, r, http.StatusRequestEntityTooLarge, "", "body too large")
 		return
 	}
 	req, err := xzproto.ParseOTARequest(r.Header, body)
 	if err != nil {
-		writeJSONError(w, http.StatusBadRequest, strings.TrimPrefix(err.Error(), xzproto.ErrMalformed.Error()+": "))
+		h.otaRefused(w, r, http.StatusBadRequest, "", strings.TrimPrefix(err.Error(), xzproto.ErrMalformed.Error()+": "))
 		return
 	}
 	device, err := wire.CanonicalDevice(req.DeviceID)
 	if err != nil {
-		writeJSONError(w, http.StatusBadRequest, "Device-Id is not a MAC address or device id")
+		h.otaRefused(w, r, http.StatusBadRequest, "", "Device-Id is not a MAC address or device id")
 		return
 	}
 	ctx := r.Context()
@@ -237,19 +258,23 @@ func (h *otaHandler) tenantOf(ctx context.Context, device string, req xzproto.OT
 // serveActivate answers the firmware's activation poll: 200 once the
 // device is bound, 202 while its code waits for an operator.
 func (h *otaHandler) serveActivate(w http.ResponseWriter, r *http.Request) {
+	if wait := h.s.hub.throttled(transportOTA, r.RemoteAddr); wait > 0 {
+		tooManyFailures(w, wait)
+		return
+	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, xzproto.MaxActivateBody))
 	if err != nil {
-		writeJSONError(w, http.StatusRequestEntityTooLarge, "body too large")
+		h.otaRefused(w, r, http.StatusRequestEntityTooLarge, "", "body too large")
 		return
 	}
 	areq, err := xzproto.ParseActivateRequest(body)
 	if err != nil {
-		writeJSONError(w, http.StatusBadRequest, strings.TrimPrefix(err.Error(), xzproto.ErrMalformed.Error()+": "))
+		h.otaRefused(w, r, http.StatusBadRequest, "", strings.TrimPrefix(err.Error(), xzproto.ErrMalformed.Error()+": "))
 		return
 	}
 	device, err := wire.CanonicalDevice(strings.TrimSpace(r.Header.Get("Device-Id")))
 	if err != nil {
-		writeJSONError(w, http.StatusBadRequest, "Device-Id missing or invalid")
+		h.otaRefused(w, r, http.StatusBadRequest, "", "Device-Id missing or invalid")
 		return
 	}
 	ctx := r.Context()
@@ -263,7 +288,7 @@ func (h *otaHandler) serveActivate(w http.ResponseWriter, r *http.Request) {
 	case act.Code == "":
 		writeJSONError(w, http.StatusNotFound, "no activation pending for this device; request "+OTAPath+" first")
 	case areq.Challenge != "" && areq.Challenge != act.Challenge:
-		writeJSONError(w, http.StatusBadRequest, "challenge does not match")
+		h.otaRefused(w, r, http.StatusBadRequest, device, "challenge does not match")
 	default:
 		writeJSON(w, http.StatusAccepted, map[string]string{"status": "pending"})
 	}

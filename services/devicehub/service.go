@@ -67,6 +67,7 @@ func New(cfg Config, nc *nats.Conn, log *slog.Logger) (*Service, error) {
 	}
 	s := &Service{cfg: cfg, log: log, ready: make(chan struct{}), router: chi.NewRouter()}
 	s.hub = newHub(&s.cfg, nc, log)
+	s.hub.fails = newAuthFailures(s.hub)
 	if err := s.hub.instrument(); err != nil {
 		return nil, fmt.Errorf("devicehub: %w", err)
 	}
@@ -152,11 +153,13 @@ func (s *Service) Run(ctx context.Context) error {
 
 	stopDispatch := make(chan struct{})
 	var wg sync.WaitGroup
-	wg.Add(2)
+	wg.Add(3)
 	go func() { defer wg.Done(); s.hub.dispatch(stopDispatch) }()
 	beatCtx, stopBeat := context.WithCancel(ctx)
 	defer stopBeat()
 	wg.Go(func() { s.hub.heartbeat(beatCtx, nowMs()) })
+	sweepCtx, stopSweep := context.WithCancel(context.Background())
+	go func() { defer wg.Done(); s.hub.fails.bySource.Run(sweepCtx) }() // folded refusals; the rest at shutdown
 
 	srv := &http.Server{
 		Handler:           s.router,
@@ -189,6 +192,7 @@ func (s *Service) Run(ctx context.Context) error {
 		s.mqtt.stop()
 	}
 	close(stopDispatch)
+	stopSweep()
 	wg.Wait()
 	if err := s.hub.nc.FlushTimeout(2 * time.Second); err != nil {
 		s.log.Warn("devicehub: offline events may be lost", "err", err)

@@ -40,6 +40,10 @@ func (h *hub) serveWebSocket(w http.ResponseWriter, r *http.Request) {
 	if host, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
 		remoteIP = host
 	}
+	if wait := h.throttled(wire.TransportWebSocket, remoteIP); wait > 0 {
+		tooManyFailures(w, wait)
+		return
+	}
 	creds, err := xzproto.ParseCredentials(r.Header, r.URL.Query())
 	if err != nil {
 		h.authFailed(wire.TransportWebSocket, creds.DeviceID, creds.ClientID, remoteIP, err.Error())
@@ -60,7 +64,11 @@ func (h *hub) serveWebSocket(w http.ResponseWriter, r *http.Request) {
 	cancel()
 	switch {
 	case errors.Is(err, deviceauth.ErrUnauthenticated):
-		h.authFailed(wire.TransportWebSocket, device, creds.ClientID, remoteIP, "unauthenticated")
+		if wait := h.authFailed(wire.TransportWebSocket, device, creds.ClientID, remoteIP, "unauthenticated"); wait > 0 {
+			h.log.Warn("devicehub: device refused, too many failures for its id", "remote_ip", remoteIP, "device", device)
+			tooManyFailures(w, wait)
+			return
+		}
 		h.refuse(w, http.StatusUnauthorized, "devicehub: device refused", "remote_ip", remoteIP, "device", device, "reason", "unauthenticated")
 		return
 	case err != nil:

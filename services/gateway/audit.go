@@ -90,6 +90,10 @@ type ConnectAudit struct {
 	// ErrorShape code; "" when accepted.
 	ErrorCode string
 	Reason    string // the refusal's message
+	// Count is how many refusals from RemoteIP this record stands for: a
+	// source's repeated refusals before a token was accepted are folded
+	// into one record per interval (Config.AuthFailures). 0 or 1: one.
+	Count int
 }
 
 // ConnectAuditor is told about every connect handshake's end, accepted or

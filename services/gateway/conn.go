@@ -15,6 +15,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/access"
+	"github.com/xiaoclaw/xiaoclaw/pkg/authguard"
 	"github.com/xiaoclaw/xiaoclaw/services/gateway/internal/protocol"
 )
 
@@ -83,7 +84,7 @@ func (s *Service) serveWebSocket(w http.ResponseWriter, r *http.Request) {
 	// The pre-auth cap is enforced by the read loop with OpenClaw's close
 	// reason; the library limit is the post-hello cap.
 	ws.SetReadLimit(s.cfg.MaxPayload)
-	host, _, _ := net.SplitHostPort(r.RemoteAddr)
+	host := authguard.ClientAddr(r, s.cfg.TrustedProxies)
 	ip := net.ParseIP(host)
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &conn{

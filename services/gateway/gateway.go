@@ -18,6 +18,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -29,6 +30,7 @@ import (
 	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/access"
+	"github.com/xiaoclaw/xiaoclaw/pkg/authguard"
 	"github.com/xiaoclaw/xiaoclaw/pkg/gopool"
 	"github.com/xiaoclaw/xiaoclaw/pkg/telemetry"
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
@@ -110,6 +112,15 @@ type Config struct {
 	ShutdownGrace time.Duration
 	// RestartExpected is sent as shutdown.restartExpectedMs (0 omits it).
 	RestartExpected time.Duration
+	// AuthFailures throttles connects refused before a token was accepted,
+	// per source address (default: 10 in a row, then one every 6 s; a
+	// throttled connect gets AUTH_RATE_LIMITED with retryAfterMs), and
+	// folds them into one ConnectAudit per source and minute.
+	AuthFailures authguard.Config
+	// TrustedProxies are the reverse proxies (an Ingress) whose
+	// X-Forwarded-For names the client: its address is then the one
+	// throttled and audited. Default: none, the peer's address counts.
+	TrustedProxies []netip.Prefix
 
 	// MCP configures the MCP endpoint /mcp (docs/mcp.md).
 	MCP MCPConfig
@@ -217,6 +228,8 @@ type Service struct {
 
 	tracer  trace.Tracer
 	metrics invokeMetrics
+	// authFails throttles and folds unauthenticated connect refusals.
+	authFails *authguard.Guard[ConnectAudit]
 
 	mcp *mcpserver.Server // nil when Config.MCP.Disabled
 }
@@ -256,6 +269,10 @@ func New(cfg Config, nc *nats.Conn, log *slog.Logger) (*Service, error) {
 		workers:   gopool.New(0),
 	}
 	s.tracer = cfg.TracerProvider.Tracer(telemetry.ScopeName)
+	s.authFails = authguard.New(cfg.AuthFailures, func(a ConnectAudit, count int) {
+		a.Count = count
+		s.auditConnect(a)
+	})
 	if s.metrics, err = newInvokeMetrics(cfg.Registerer); err != nil {
 		ln.Close()
 		return nil, fmt.Errorf("gateway: %w", err)
@@ -342,6 +359,7 @@ func (s *Service) Run(ctx context.Context) error {
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- s.http.Serve(s.ln) }()
 	go s.tickLoop(runCtx)
+	go s.authFails.Run(runCtx)
 	close(s.ready)
 	s.log.Info("gateway ready", "addr", s.Addr())
 

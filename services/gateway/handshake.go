@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/access"
+	"github.com/xiaoclaw/xiaoclaw/pkg/authguard"
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
 	"github.com/xiaoclaw/xiaoclaw/services/gateway/internal/protocol"
 )
@@ -79,14 +80,29 @@ func grantScopes(role string, requested []string) ([]string, scopeSet) {
 // protocol, role, token, device identity, then hello-ok.
 func (c *conn) handleConnect(req protocol.Request) {
 	audit := ConnectAudit{Time: time.Now(), Instance: c.s.cfg.Instance, ConnID: c.id, RemoteIP: c.remoteIP}
-	// refuse records the refusal and ends the handshake.
+	source := authguard.Source(c.remoteIP)
+	// refuse records the refusal and ends the handshake. A refusal before
+	// a token was accepted spends the source's failure budget and is
+	// folded with the source's others into one audit record per interval.
 	refuse := func(e *protocol.Error, code int, reason string) {
 		audit.ErrorCode, audit.Reason = e.DetailCode(), e.Message
 		if audit.ErrorCode == "" {
 			audit.ErrorCode = e.Code
 		}
-		c.s.auditConnect(audit)
+		if audit.Principal.Tenant == "" && !e.Retryable {
+			c.s.authFails.Failed(source, audit)
+		} else { // accepted token, or a store outage: not the client's failure
+			c.s.auditConnect(audit)
+		}
 		c.failHandshake(req.ID, e, code, reason)
+	}
+	if wait := c.s.authFails.RetryAfter(source); wait > 0 {
+		e := protocol.RateLimited(wait)
+		audit.ErrorCode, audit.Reason = e.DetailCode(), e.Message
+		c.s.authFails.Throttled(source, audit)
+		c.s.log.Info("connect throttled", "conn", c.id, "remote", c.remoteIP, "retry_after", wait)
+		c.failHandshake(req.ID, e, protocol.ClosePolicyViolation, e.Message)
+		return
 	}
 	p, why := protocol.ParseConnect(req.Params)
 	if p == nil {

@@ -21,12 +21,15 @@ import (
 	"log/slog"
 	"mime"
 	"net/http"
+	"net/netip"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/go-chi/chi/v5"
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/access"
+	"github.com/xiaoclaw/xiaoclaw/pkg/authguard"
 	"github.com/xiaoclaw/xiaoclaw/pkg/policy"
 	"github.com/xiaoclaw/xiaoclaw/pkg/tenancy"
 )
@@ -48,13 +51,32 @@ type Config struct {
 	Activator Activator
 	// MaxBodyBytes caps a request body; 0 means 1 MiB.
 	MaxBodyBytes int64
-	Log          *slog.Logger
+	// AuthFailures throttles failed authentication per source address:
+	// default 10 in a row, then one every 6 s; a throttled request gets
+	// 429 with Retry-After, whatever its token.
+	AuthFailures authguard.Config
+	// TrustedProxies are the reverse proxies whose X-Forwarded-For names
+	// the client whose failures count (gateway.Config.TrustedProxies).
+	TrustedProxies []netip.Prefix
+	// ActivationFailures throttles wrong activation codes per tenant and
+	// per source address, so the 6-digit codes cannot be searched:
+	// default 5 in a row, then one a minute (DefaultActivationFailures).
+	ActivationFailures authguard.Config
+	Log                *slog.Logger
 }
+
+// DefaultActivationFailures is the default budget of wrong activation
+// codes: 5 in a row, then one a minute, per tenant and per source. At
+// most 65 guesses an hour per tenant: with 100 devices waiting with valid
+// codes, a 0.65% chance an hour of binding a stranger's device.
+var DefaultActivationFailures = authguard.Config{Burst: 5, Every: time.Minute}
 
 type api struct {
 	cfg         Config
 	store       tenancy.Store
 	adminHashes [][sha256.Size]byte
+	authFails   *authguard.Guard[string]
+	codeFails   *authguard.Guard[string]
 }
 
 // New returns the admin API handler. Serve it for every path under /api/
@@ -67,7 +89,17 @@ func New(cfg Config) (http.Handler, error) {
 	if cfg.MaxBodyBytes <= 0 {
 		cfg.MaxBodyBytes = 1 << 20
 	}
+	if cfg.ActivationFailures.Burst == 0 && cfg.ActivationFailures.Every == 0 {
+		cfg.ActivationFailures.Burst, cfg.ActivationFailures.Every = DefaultActivationFailures.Burst, DefaultActivationFailures.Every
+	}
 	a := &api{cfg: cfg, store: cfg.Manager.Store()}
+	// Failures are logged, folded per key and minute; they write no audit.
+	a.authFails = authguard.New(cfg.AuthFailures, func(remote string, n int) {
+		cfg.Log.Warn("admin API: authentication failed", "remote", remote, "count", n)
+	})
+	a.codeFails = authguard.New(cfg.ActivationFailures, func(key string, n int) {
+		cfg.Log.Warn("admin API: wrong activation codes", "key", key, "count", n)
+	})
 	for _, t := range cfg.AdminTokens {
 		if len(t) < 16 {
 			return nil, errors.New("adminapi: a global admin token must be at least 16 characters")
@@ -113,8 +145,15 @@ func New(cfg Config) (http.Handler, error) {
 	return r, nil
 }
 
+// tooManyFailures answers a throttled request: 429 with Retry-After.
+func tooManyFailures(w http.ResponseWriter, wait time.Duration) {
+	w.Header().Set("Retry-After", strconv.Itoa(authguard.RetryAfterSeconds(wait)))
+	writeError(w, &apiError{http.StatusTooManyRequests, codeRateLimited, "too many failed attempts from this address; retry later"})
+}
+
 // Error codes of the error envelope.
 const (
+	codeRateLimited      = "rate_limited"
 	codeInvalid          = "invalid_argument"
 	codeUnauthenticated  = "unauthenticated"
 	codePermission       = "permission_denied"
@@ -206,8 +245,15 @@ func callerOf(r *http.Request) caller { return r.Context().Value(callerKey{}).(c
 // admin; other callers are refused.
 func (a *api) authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		source := authguard.Source(authguard.ClientAddr(r, a.cfg.TrustedProxies))
+		if wait := a.authFails.RetryAfter(source); wait > 0 {
+			a.authFails.Throttled(source, source)
+			tooManyFailures(w, wait)
+			return
+		}
 		token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 		if !ok || token == "" {
+			a.authFails.Failed(source, source)
 			w.Header().Set("WWW-Authenticate", `Bearer realm="xiaoclaw"`)
 			writeError(w, &apiError{http.StatusUnauthorized, codeUnauthenticated, "a bearer token is required"})
 			return
@@ -224,6 +270,7 @@ func (a *api) authenticate(next http.Handler) http.Handler {
 			p, err := a.cfg.Operators.AuthenticateOperator(r.Context(), token)
 			switch {
 			case errors.Is(err, access.ErrUnauthenticated):
+				a.authFails.Failed(source, source)
 				w.Header().Set("WWW-Authenticate", `Bearer realm="xiaoclaw", error="invalid_token"`)
 				writeError(w, &apiError{http.StatusUnauthorized, codeUnauthenticated, "invalid, expired or revoked token"})
 				return

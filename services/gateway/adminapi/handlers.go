@@ -14,6 +14,7 @@ import (
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/access"
 	"github.com/xiaoclaw/xiaoclaw/pkg/activation"
+	"github.com/xiaoclaw/xiaoclaw/pkg/authguard"
 	"github.com/xiaoclaw/xiaoclaw/pkg/policy"
 	"github.com/xiaoclaw/xiaoclaw/pkg/tenancy"
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
@@ -411,7 +412,22 @@ func (a *api) activate(r *http.Request) (int, any, error) {
 	if len(req.Code) != 6 || strings.Trim(req.Code, "0123456789") != "" {
 		return 0, nil, invalid("code must be the 6 digits the device shows")
 	}
+	// Wrong codes are limited per tenant and per source, so nobody can
+	// search the code space for other people's devices.
+	keys := []string{"tenant " + tenantParam(r), "source " + authguard.Source(authguard.ClientAddr(r, a.cfg.TrustedProxies))}
+	for _, k := range keys {
+		if wait := a.codeFails.RetryAfter(k); wait > 0 {
+			a.codeFails.Throttled(k, k)
+			return 0, nil, &apiError{http.StatusTooManyRequests, codeRateLimited,
+				fmt.Sprintf("too many wrong activation codes; retry in %d s", authguard.RetryAfterSeconds(wait))}
+		}
+	}
 	dev, err := a.cfg.Activator.Activate(r.Context(), req.Code, tenantParam(r))
+	if errors.Is(err, tenancy.ErrNotFound) {
+		for _, k := range keys {
+			a.codeFails.Failed(k, k)
+		}
+	}
 	if err != nil {
 		return 0, nil, err
 	}

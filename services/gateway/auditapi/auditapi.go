@@ -25,6 +25,7 @@ import (
 	"log/slog"
 	"maps"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"slices"
 	"strconv"
@@ -36,6 +37,7 @@ import (
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/access"
 	"github.com/xiaoclaw/xiaoclaw/pkg/audit"
+	"github.com/xiaoclaw/xiaoclaw/pkg/authguard"
 	"github.com/xiaoclaw/xiaoclaw/services/gateway"
 )
 
@@ -139,6 +141,9 @@ func ConnectEvent(r gateway.ConnectAudit) audit.Event {
 	if r.Reason != "" {
 		e.Detail += " reason=" + strconv.Quote(r.Reason)
 	}
+	if r.Count > 1 {
+		e.Detail += " count=" + strconv.Itoa(r.Count)
+	}
 	return e
 }
 
@@ -149,12 +154,20 @@ type Config struct {
 	Operators access.Authenticator
 	// AdminTokens are global admin bearer tokens (may read any tenant).
 	AdminTokens []string
-	Log         *slog.Logger
+	// AuthFailures throttles failed authentication per source address:
+	// default 10 in a row, then one every 6 s; a throttled request gets
+	// 429 with Retry-After, whatever its token.
+	AuthFailures authguard.Config
+	// TrustedProxies are the reverse proxies whose X-Forwarded-For names
+	// the client whose failures count (gateway.Config.TrustedProxies).
+	TrustedProxies []netip.Prefix
+	Log            *slog.Logger
 }
 
 type api struct {
 	cfg         Config
 	adminHashes [][sha256.Size]byte
+	authFails   *authguard.Guard[string]
 }
 
 // New returns the handler. Serve it for every path under /api/audit/
@@ -164,6 +177,10 @@ func New(cfg Config) (http.Handler, error) {
 		return nil, errors.New("auditapi: store, operator authenticator and logger are required")
 	}
 	a := &api{cfg: cfg}
+	// Failures are logged, folded per source and minute.
+	a.authFails = authguard.New(cfg.AuthFailures, func(remote string, n int) {
+		cfg.Log.Warn("audit API: authentication failed", "remote", remote, "count", n)
+	})
 	for _, t := range cfg.AdminTokens {
 		if len(t) < 16 {
 			return nil, errors.New("auditapi: a global admin token must be at least 16 characters")
@@ -202,8 +219,16 @@ func writeError(w http.ResponseWriter, status int, code, msg string) {
 // caller returns the tenant the caller may read ("" for a global admin),
 // or false after answering the request.
 func (a *api) caller(w http.ResponseWriter, r *http.Request) (tenant string, global, ok bool) {
+	source := authguard.Source(authguard.ClientAddr(r, a.cfg.TrustedProxies))
+	if wait := a.authFails.RetryAfter(source); wait > 0 {
+		a.authFails.Throttled(source, source)
+		w.Header().Set("Retry-After", strconv.Itoa(authguard.RetryAfterSeconds(wait)))
+		writeError(w, http.StatusTooManyRequests, "rate_limited", "too many failed attempts from this address; retry later")
+		return "", false, false
+	}
 	token, found := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 	if !found || token == "" {
+		a.authFails.Failed(source, source)
 		w.Header().Set("WWW-Authenticate", `Bearer realm="xiaoclaw"`)
 		writeError(w, http.StatusUnauthorized, "unauthenticated", "a bearer token is required")
 		return "", false, false
@@ -220,6 +245,7 @@ func (a *api) caller(w http.ResponseWriter, r *http.Request) (tenant string, glo
 	p, err := a.cfg.Operators.AuthenticateOperator(r.Context(), token)
 	switch {
 	case errors.Is(err, access.ErrUnauthenticated):
+		a.authFails.Failed(source, source)
 		w.Header().Set("WWW-Authenticate", `Bearer realm="xiaoclaw", error="invalid_token"`)
 		writeError(w, http.StatusUnauthorized, "unauthenticated", "invalid, expired or revoked token")
 		return "", false, false

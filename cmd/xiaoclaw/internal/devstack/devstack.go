@@ -16,6 +16,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
@@ -41,9 +42,23 @@ type Config struct {
 	DataDir string
 	// NATSURL, when set, uses that NATS server instead of an embedded one.
 	NATSURL string
-	// NATSListen is the embedded server's client address ("127.0.0.1:4223");
-	// empty listens on a random loopback port.
+	// NATSListen, when set, makes the embedded server listen there
+	// ("127.0.0.1:4223"; port 0: a free port) for processes outside this
+	// one, and every client, the in-process services included, must then
+	// present user NATSUser with NATSPassword. Empty: no listener at all;
+	// the services connect in-process, so nothing outside the process can
+	// reach the bus.
 	NATSListen string
+	// NATSPassword is required with NATSListen; the dev command generates
+	// it once and keeps it in the data directory.
+	NATSPassword string
+	// NATSUsers, when set, are the embedded server's users with their
+	// subject permissions, and NATSOptions gives each component (by name:
+	// "hub-1", "shim-1", "gateway-1", "audit-writer", "tenancy", …) the
+	// options it connects with: tests run the system under production
+	// permissions this way.
+	NATSUsers   []*server.User
+	NATSOptions func(component string) []nats.Option
 
 	DeviceAddr string // first hub; further hubs get random ports
 	// MQTTAddr runs the first hub's MQTT broker there ("host:0": a free
@@ -169,13 +184,17 @@ func Start(ctx context.Context, cfg Config) (*Stack, error) {
 		if cfg.DataDir == "" {
 			return nil, errors.New("devstack: DataDir is required with embedded NATS")
 		}
-		ncfg := natsembed.Config{StoreDir: filepath.Join(cfg.DataDir, "nats")}
+		ncfg := natsembed.Config{StoreDir: filepath.Join(cfg.DataDir, "nats"), Port: -1, Users: cfg.NATSUsers}
 		if cfg.NATSListen != "" {
 			host, port, err := splitHostPort(cfg.NATSListen)
 			if err != nil {
 				return nil, fmt.Errorf("devstack: NATS listen address: %w", err)
 			}
+			if cfg.NATSPassword == "" {
+				return nil, errors.New("devstack: a NATS listener requires NATSPassword")
+			}
 			ncfg.Host, ncfg.Port = host, port
+			ncfg.User, ncfg.Password = NATSUser, cfg.NATSPassword
 		}
 		if err := os.MkdirAll(ncfg.StoreDir, 0o755); err != nil {
 			return nil, err
@@ -258,13 +277,22 @@ func Start(ctx context.Context, cfg Config) (*Stack, error) {
 }
 
 func (s *Stack) connect(name string) (*nats.Conn, error) {
-	if s.nats != nil {
-		return s.nats.Connect(name, s.errorHandler(name))
+	opts := []nats.Option{s.errorHandler(name)}
+	if s.cfg.NATSOptions != nil {
+		opts = append(opts, s.cfg.NATSOptions(name)...)
 	}
-	return nats.Connect(s.natsURL, nats.Name(name), nats.MaxReconnects(-1), s.errorHandler(name))
+	if s.nats != nil {
+		return s.nats.Connect(name, opts...)
+	}
+	return nats.Connect(s.natsURL, append([]nats.Option{nats.Name(name), nats.MaxReconnects(-1)}, opts...)...)
 }
 
-// NATSURL is the URL of the stack's NATS server.
+// NATSUser is the user clients of a listening embedded NATS present.
+const NATSUser = "xiaoclaw"
+
+// NATSURL is the URL of the stack's NATS server: the external one, or the
+// embedded one's listener ("" when it listens nowhere). It carries no
+// credentials.
 func (s *Stack) NATSURL() string { return s.natsURL }
 
 // Connect opens a NATS connection to the stack's server (for tests).

@@ -18,7 +18,8 @@ import (
 // retry exactly when something restarted): the retry gets the recorded
 // answer and the device does not run the call a second time.
 func TestIdempotencyKeySurvivesNATSRestart(t *testing.T) {
-	st := startStack(t, Config{})
+	// A restart needs a listener: in-process clients cannot reconnect.
+	st := startStack(t, Config{NATSListen: "127.0.0.1:0", NATSPassword: testNATSPassword})
 	dev := connectDevices(t, st, 0, 1, 11, nil)[0]
 	op := operator(t, st.GatewayURL(0))
 	node := nodeID(dev)

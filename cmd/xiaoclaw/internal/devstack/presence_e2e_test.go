@@ -26,6 +26,10 @@ func buildDevicehub(t *testing.T, dir string) string {
 	return bin
 }
 
+// testNATSPassword is the password of the stack's NATS listener in tests
+// that run a service in its own process.
+const testNATSPassword = "devstack-test-nats-password"
+
 // hubProcess is a devicehub running as its own process.
 type hubProcess struct {
 	cmd  *exec.Cmd
@@ -36,7 +40,7 @@ type hubProcess struct {
 // until it listens.
 func startHubProcess(t *testing.T, st *Stack, bin, instance string, heartbeat time.Duration) *hubProcess {
 	t.Helper()
-	cmd := exec.Command(bin, "--nats-url", st.NATSURL(), "--device-addr", "127.0.0.1:0", "--ops-addr", "127.0.0.1:0",
+	cmd := exec.Command(bin, "--nats-url", st.NATSURL(), "--nats-user", NATSUser, "--nats-password", testNATSPassword, "--device-addr", "127.0.0.1:0", "--ops-addr", "127.0.0.1:0",
 		"--device-token", DevTenant+"="+testDeviceToken, "--instance", instance,
 		"--heartbeat-interval", heartbeat.String(), "--log-format", "json")
 	stderr, err := cmd.StderrPipe()
@@ -93,7 +97,8 @@ func (h *hubProcess) connectTo(t *testing.T, mac string) *xzsim.Device {
 // under the same name restores them once they reconnect.
 func TestPresenceAfterHubKilled(t *testing.T) {
 	const heartbeat, hubTimeout = 300 * time.Millisecond, 1500 * time.Millisecond
-	st := startStack(t, Config{TuneShim: func(c *shim.Config) { c.HubTimeout = hubTimeout }})
+	st := startStack(t, Config{NATSListen: "127.0.0.1:0", NATSPassword: testNATSPassword,
+		TuneShim: func(c *shim.Config) { c.HubTimeout = hubTimeout }})
 	events := &nodeEventsByNode{n: map[string]int{}}
 	op := dialAs(t, st.GatewayURL(0), testOperatorToken, events.on)
 

@@ -147,6 +147,15 @@ bundled chart's Secret (pgx reads it when the URL has no password).
   value: {{ printf "xiaoclaw-%s" .component | quote }}
 - name: OTEL_RESOURCE_ATTRIBUTES
   value: {{ printf "k8s.pod.name=$(XIAOCLAW_INSTANCE),k8s.namespace.name=$(POD_NAMESPACE),service.namespace=%s%s" $ctx.Release.Namespace (ternary (printf ",%s" $ctx.Values.otel.resourceAttributes) "" (ne $ctx.Values.otel.resourceAttributes "")) | quote }}
+{{- if $ctx.Values.natsAuth.enabled }}
+- name: XIAOCLAW_NATS_USER
+  value: {{ .component | quote }}
+- name: XIAOCLAW_NATS_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ $ctx.Values.natsAuth.secretName }}
+      key: {{ .component }}
+{{- end }}
 {{- if and (not $ctx.Values.nats.enabled) $ctx.Values.externalNats.existingSecret }}
 - name: XIAOCLAW_NATS_URL
   valueFrom:

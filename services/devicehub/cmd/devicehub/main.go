@@ -21,7 +21,9 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/activation"
+	"github.com/xiaoclaw/xiaoclaw/pkg/authguard"
 	"github.com/xiaoclaw/xiaoclaw/pkg/deviceauth"
+	"github.com/xiaoclaw/xiaoclaw/pkg/natsauth"
 	"github.com/xiaoclaw/xiaoclaw/pkg/telemetry"
 	"github.com/xiaoclaw/xiaoclaw/pkg/tenancy"
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
@@ -66,8 +68,13 @@ func run(args []string) error {
 	host, _ := os.Hostname()
 	fs := flag.NewFlagSet("devicehub", flag.ContinueOnError)
 	natsURL := fs.String("nats-url", "nats://127.0.0.1:4222", "NATS server URL")
+	var natsCreds natsauth.Credentials
+	natsCreds.Register(fs, os.Getenv)
 	deviceAddr := fs.String("device-addr", devicehub.DefaultDeviceAddr, "listen address of the device endpoints (WebSocket /xiaozhi/v1/)")
 	opsAddr := fs.String("ops-addr", ":9090", "listen address of /healthz, /readyz, /metrics and /debug/loglevel")
+	var authFails, deviceFails authguard.Config
+	authFails.RegisterFlags(fs, "auth-failure", "device authentications and OTA requests", authguard.Config{})
+	deviceFails.RegisterFlags(fs, "device-auth-failure", "authentications claiming one device id (past it: 429 instead of 401; its right credential still passes)", authguard.Config{})
 	var tokens tokenList
 	fs.Var(&tokens, "device-token", "device bearer token as TENANT=TOKEN, or TOKEN for tenant dev (repeatable; env: comma-separated)")
 	callTimeout := fs.Duration("call-timeout", devicehub.DefaultCallTimeout, "deadline of one device call when the caller sets none")
@@ -113,7 +120,11 @@ func run(args []string) error {
 	tp, reg, level := proc.Tracer, proc.Registry, proc.Level
 	otel.SetErrorHandler(telemetry.ErrorHandler(log, time.Minute))
 
-	nc, err := proc.ConnectNATS(*natsURL, "devicehub "+*instance, telemetry.LabelDevicehub, log)
+	natsOpts, err := natsCreds.Options()
+	if err != nil {
+		return err
+	}
+	nc, err := proc.ConnectNATS(*natsURL, "devicehub "+*instance, telemetry.LabelDevicehub, log, natsOpts...)
 	if err != nil {
 		return err
 	}
@@ -146,7 +157,7 @@ func run(args []string) error {
 			WebSocketURL: *publicURL, MQTTEndpoint: *mqttEndpoint},
 		CallTimeout: *callTimeout, IdleTimeout: *idleTimeout, WithUserTools: *withUserTools, Version: version,
 		NotifyRate: *notifyRate, NotifyBurst: *notifyBurst, HeartbeatInterval: *heartbeat,
-		TracerProvider: tp, Registerer: reg,
+		TracerProvider: tp, Registerer: reg, AuthFailures: authFails, DeviceAuthFailures: deviceFails,
 	}, nc, log)
 	if err != nil {
 		return err

@@ -19,9 +19,12 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/access"
+	"github.com/xiaoclaw/xiaoclaw/pkg/authguard"
+	"github.com/xiaoclaw/xiaoclaw/pkg/natsauth"
 	"github.com/xiaoclaw/xiaoclaw/pkg/telemetry"
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
 	"github.com/xiaoclaw/xiaoclaw/services/gateway"
+	"github.com/xiaoclaw/xiaoclaw/services/gateway/adminapi"
 	"github.com/xiaoclaw/xiaoclaw/services/gateway/console"
 )
 
@@ -55,6 +58,8 @@ func run(args []string) error {
 	host, _ := os.Hostname()
 	fs := flag.NewFlagSet("gateway", flag.ContinueOnError)
 	natsURL := fs.String("nats-url", env("NATS_URL", nats.DefaultURL), "NATS server URL (env XIAOCLAW_NATS_URL)")
+	var natsCreds natsauth.Credentials
+	natsCreds.Register(fs, os.Getenv)
 	addr := fs.String("addr", env("ADDR", "127.0.0.1:18789"), "WebSocket listen address (env XIAOCLAW_ADDR)")
 	opsAddr := fs.String("ops-addr", env("OPS_ADDR", ":9090"), "ops listen address for /healthz, /readyz, /metrics and /debug/loglevel (env XIAOCLAW_OPS_ADDR)")
 	instance := fs.String("instance", env("INSTANCE", host), "replica name, stable across restarts (env XIAOCLAW_INSTANCE)")
@@ -72,6 +77,10 @@ func run(args []string) error {
 	jaegerURL := fs.String("jaeger-url", env("JAEGER_URL", ""), "Jaeger UI base URL the console at /ui/ links traces to (env XIAOCLAW_JAEGER_URL)")
 	noConsole := fs.Bool("no-console", env("NO_CONSOLE", "") == "true", "do not serve the operator console at /ui/ (env XIAOCLAW_NO_CONSOLE)")
 	auditWriter := fs.Bool("audit-writer", env("AUDIT_WRITER", "true") == "true", "also run the audit writer (stream → Postgres) in this process (env XIAOCLAW_AUDIT_WRITER)")
+	var authFails, codeFails authguard.Config
+	authFails.RegisterFlags(fs, "auth-failure", "authentications (operator connect, admin and audit APIs)", authguard.Config{})
+	codeFails.RegisterFlags(fs, "activation-failure", "activation codes (per tenant and per source)", adminapi.DefaultActivationFailures)
+	trustedProxies := fs.String("trusted-proxies", env("TRUSTED_PROXIES", ""), "reverse proxies (CIDRs or addresses, comma-separated) whose X-Forwarded-For names the client whose failures are throttled (env XIAOCLAW_TRUSTED_PROXIES)")
 	var tokens tokenList
 	fs.Var(&tokens, "operator-token", "static operator token TENANT=TOKEN or TENANT:ROLE=TOKEN (role admin, operator or viewer; default admin); repeatable (env XIAOCLAW_OPERATOR_TOKEN, comma-separated)")
 	if err := fs.Parse(args); err != nil {
@@ -83,6 +92,10 @@ func run(args []string) error {
 		}
 	}
 
+	proxies, err := authguard.ParsePrefixes(*trustedProxies)
+	if err != nil {
+		return fmt.Errorf("--trusted-proxies: %w", err)
+	}
 	auth, err := parseTokens(tokens)
 	if err != nil {
 		return err
@@ -111,7 +124,11 @@ func run(args []string) error {
 	log, tp, reg, level := proc.Log, proc.Tracer, proc.Registry, proc.Level
 	otel.SetErrorHandler(telemetry.ErrorHandler(log, time.Minute))
 
-	nc, err := proc.ConnectNATS(*natsURL, "xiaoclaw-gateway "+*instance, telemetry.LabelGateway, log)
+	natsOpts, err := natsCreds.Options()
+	if err != nil {
+		return err
+	}
+	nc, err := proc.ConnectNATS(*natsURL, "xiaoclaw-gateway "+*instance, telemetry.LabelGateway, log, natsOpts...)
 	if err != nil {
 		return err
 	}
@@ -123,6 +140,8 @@ func run(args []string) error {
 		Version:          "xiaoclaw-" + version,
 		Auth:             auth,
 		HandshakeTimeout: *handshake,
+		AuthFailures:     authFails,
+		TrustedProxies:   proxies,
 		MaxInvokeTimeout: *maxInvoke,
 		MCP:              gateway.MCPConfig{Disabled: !*mcpOn, PageSize: *mcpPage, SessionTimeout: *mcpIdle},
 		IdempotencyTTL:   ttl,
@@ -138,7 +157,8 @@ func run(args []string) error {
 	}
 	var be *backend
 	if *databaseURL != "" {
-		if be, err = openBackend(ctx, *databaseURL, nc, auth, *adminToken, *auditWriter, reg, log); err != nil {
+		if be, err = openBackend(ctx, *databaseURL, nc, auth, *adminToken, *auditWriter, reg, log,
+			apiLimits{authFailures: authFails, activationFailures: codeFails, trustedProxies: proxies}); err != nil {
 			return err
 		}
 		defer be.close()

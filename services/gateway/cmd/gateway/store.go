@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/netip"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -13,6 +14,7 @@ import (
 	"github.com/xiaoclaw/xiaoclaw/pkg/access"
 	"github.com/xiaoclaw/xiaoclaw/pkg/activation"
 	"github.com/xiaoclaw/xiaoclaw/pkg/audit"
+	"github.com/xiaoclaw/xiaoclaw/pkg/authguard"
 	"github.com/xiaoclaw/xiaoclaw/pkg/policy"
 	"github.com/xiaoclaw/xiaoclaw/pkg/telemetry"
 	"github.com/xiaoclaw/xiaoclaw/pkg/tenancy"
@@ -37,12 +39,18 @@ type backend struct {
 	watcherFor func(svc *gateway.Service) func(context.Context) error
 }
 
+// apiLimits are the failure budgets of the admin and audit APIs.
+type apiLimits struct {
+	authFailures, activationFailures authguard.Config
+	trustedProxies                   []netip.Prefix
+}
+
 // openBackend connects to Postgres, applies pending migrations (idempotent
 // and advisory-locked, so replicas and the migrations Job may race) and
 // builds the stores' users. static tokens are tried before the store's.
 // reg receives the database and audit backlog gauges.
 func openBackend(ctx context.Context, dsn string, nc *nats.Conn, static access.StaticTokens, adminToken string,
-	runAuditWriter bool, reg prometheus.Registerer, log *slog.Logger) (*backend, error) {
+	runAuditWriter bool, reg prometheus.Registerer, log *slog.Logger, limits apiLimits) (*backend, error) {
 	b := &backend{}
 	var err error
 	if b.tenancy, err = tenancy.OpenPostgres(ctx, dsn); err != nil {
@@ -94,12 +102,14 @@ func openBackend(ctx context.Context, dsn string, nc *nats.Conn, static access.S
 		return nil, fmt.Errorf("activations: %w", err)
 	}
 	admin, err := adminapi.New(adminapi.Config{Manager: mgr, Operators: b.auth, Policy: b.policy, AdminTokens: admins,
-		Activator: adminapi.ActivationBinder(acts), Log: log})
+		Activator: adminapi.ActivationBinder(acts), AuthFailures: limits.authFailures,
+		ActivationFailures: limits.activationFailures, TrustedProxies: limits.trustedProxies, Log: log})
 	if err != nil {
 		b.close()
 		return nil, err
 	}
-	auditAPI, err := auditapi.New(auditapi.Config{Store: b.audit, Operators: b.auth, AdminTokens: admins, Log: log})
+	auditAPI, err := auditapi.New(auditapi.Config{Store: b.audit, Operators: b.auth, AdminTokens: admins,
+		AuthFailures: limits.authFailures, TrustedProxies: limits.trustedProxies, Log: log})
 	if err != nil {
 		b.close()
 		return nil, err

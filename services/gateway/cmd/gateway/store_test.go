@@ -57,7 +57,7 @@ func TestBackendExportsDatabaseAndAuditGauges(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	reg := telemetry.NewRegistry()
-	be, err := openBackend(ctx, dsn, nc, nil, "", true, reg, slog.New(slog.DiscardHandler))
+	be, err := openBackend(ctx, dsn, nc, nil, "", true, reg, slog.New(slog.DiscardHandler), apiLimits{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,6 +10,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
+	"net/http"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -38,6 +40,8 @@ type ErrorShape struct {
 	Message   string          `json:"message"`
 	Details   json.RawMessage `json:"details,omitempty"`
 	Retryable bool            `json:"retryable,omitempty"`
+	// RetryAfterMs is how long to wait before trying again (AUTH_RATE_LIMITED).
+	RetryAfterMs int64 `json:"retryAfterMs,omitempty"`
 }
 
 // DetailCode returns details.code.
@@ -77,7 +81,25 @@ type Client struct {
 
 // Dial opens a socket and waits for the connect.challenge.
 func Dial(ctx context.Context, url string) (*Client, error) {
-	ws, _, err := websocket.Dial(ctx, url, &websocket.DialOptions{CompressionMode: websocket.CompressionDisabled})
+	return DialFrom(ctx, url, "")
+}
+
+// DialFrom is Dial from the local address localIP (on Linux any
+// 127.0.0.0/8 address reaches a loopback listener: a second client
+// address); "" lets the system choose.
+func DialFrom(ctx context.Context, url, localIP string) (*Client, error) {
+	return DialWith(ctx, url, localIP, nil)
+}
+
+// DialWith is DialFrom sending header with the upgrade request (e.g.
+// X-Forwarded-For, as a reverse proxy does).
+func DialWith(ctx context.Context, url, localIP string, header http.Header) (*Client, error) {
+	opts := &websocket.DialOptions{CompressionMode: websocket.CompressionDisabled, HTTPHeader: header}
+	if localIP != "" {
+		d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(localIP)}}
+		opts.HTTPClient = &http.Client{Transport: &http.Transport{DialContext: d.DialContext}}
+	}
+	ws, _, err := websocket.Dial(ctx, url, opts)
 	if err != nil {
 		return nil, err
 	}

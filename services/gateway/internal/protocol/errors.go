@@ -3,6 +3,7 @@ package protocol
 import (
 	"encoding/json"
 	"strings"
+	"time"
 )
 
 // Error codes of the OpenClaw protocol (ErrorShape.code). FORBIDDEN exists
@@ -110,7 +111,23 @@ const (
 	AuthDeviceTokenInvalid = "device_token_mismatch"
 	AuthRoleNotAllowed     = "role_not_allowed"
 	AuthUnavailable        = "auth_unavailable"
+	AuthRateLimited        = "rate_limited"
 )
+
+// RateLimited answers a connect from a source that failed authentication
+// too often, as OpenClaw's AUTH_RATE_LIMITED: retryable after retryAfter,
+// the socket closes with 1008.
+func RateLimited(retryAfter time.Duration) *Error {
+	e := errorWith(CodeInvalidRequest, "unauthorized: too many failed authentication attempts (retry later)", struct {
+		Code                    string `json:"code"`
+		AuthReason              string `json:"authReason"`
+		CanRetryWithDeviceToken bool   `json:"canRetryWithDeviceToken"`
+		RecommendedNextStep     string `json:"recommendedNextStep"`
+	}{"AUTH_RATE_LIMITED", AuthRateLimited, false, "wait_then_retry"})
+	e.Retryable = true
+	e.RetryAfterMs = max(retryAfter.Milliseconds(), 1)
+	return e
+}
 
 // AuthClient is what the auth-failure wording depends on.
 type AuthClient struct {

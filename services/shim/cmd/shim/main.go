@@ -19,6 +19,7 @@ import (
 	"go.opentelemetry.io/otel"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/xiaoclaw/xiaoclaw/pkg/natsauth"
 	"github.com/xiaoclaw/xiaoclaw/pkg/telemetry"
 	"github.com/xiaoclaw/xiaoclaw/services/shim"
 )
@@ -50,6 +51,8 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	fs := flag.NewFlagSet("shim", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	natsURL := fs.String("nats-url", env("nats-url", nats.DefaultURL), "NATS server URL")
+	var natsCreds natsauth.Credentials
+	natsCreds.Register(fs, os.Getenv)
 	opsAddr := fs.String("ops-addr", env("ops-addr", ":9090"), "listen address of /healthz, /readyz, /metrics and /debug/loglevel")
 	instance := fs.String("instance", env("instance", host), "replica name in logs and NATS")
 	logLevel := fs.String("log-level", env("log-level", "info"), "debug, info, warn or error")
@@ -82,7 +85,11 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	log, tp, reg, level := proc.Log, proc.Tracer, proc.Registry, proc.Level
 	otel.SetErrorHandler(telemetry.ErrorHandler(log, time.Minute))
 
-	nc, err := proc.ConnectNATS(*natsURL, "shim "+*instance, telemetry.LabelShim, log)
+	natsOpts, err := natsCreds.Options()
+	if err != nil {
+		return err
+	}
+	nc, err := proc.ConnectNATS(*natsURL, "shim "+*instance, telemetry.LabelShim, log, natsOpts...)
 	if err != nil {
 		return err
 	}
