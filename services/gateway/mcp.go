@@ -3,9 +3,11 @@ package gateway
 import (
 	"context"
 	"encoding/json"
+	"net/http"
 	"strconv"
 	"time"
 
+	"github.com/xiaoclaw/xiaoclaw/pkg/authguard"
 	"github.com/xiaoclaw/xiaoclaw/pkg/toolcall"
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
 	"github.com/xiaoclaw/xiaoclaw/services/gateway/internal/protocol"
@@ -38,7 +40,7 @@ func (s *Service) newMCPServer() (*mcpserver.Server, error) {
 	}
 	return mcpserver.New(mcpserver.Config{
 		Auth: s.cfg.Auth, Authorizer: s.cfg.Authorizer, Nodes: registryView{s}, Invoker: mcpInvoker{s},
-		Groups: groups, Version: s.cfg.Version, PageSize: s.cfg.MCP.PageSize,
+		Groups: groups, Throttle: mcpThrottle{s}, Version: s.cfg.Version, PageSize: s.cfg.MCP.PageSize,
 		SessionTimeout: s.cfg.MCP.SessionTimeout, NotifyDelay: s.cfg.MCP.NotifyDelay, Log: s.log,
 	})
 }
@@ -49,6 +51,24 @@ func (s *Service) MCPSessions() int {
 		return 0
 	}
 	return s.mcp.Sessions()
+}
+
+// mcpThrottle puts /mcp's failed authentications in the same per-source
+// budget, and the same folded connect audit, as the WebSocket handshake's.
+type mcpThrottle struct{ s *Service }
+
+func (t mcpThrottle) RetryAfter(r *http.Request) time.Duration {
+	return t.s.authFails.RetryAfter(authguard.Source(authguard.ClientAddr(r, t.s.cfg.TrustedProxies)))
+}
+
+func (t mcpThrottle) Failed(r *http.Request, missing bool) {
+	host := authguard.ClientAddr(r, t.s.cfg.TrustedProxies)
+	a := ConnectAudit{Time: time.Now(), Instance: t.s.cfg.Instance, RemoteIP: host, Role: protocol.RoleOperator, ClientID: "mcp",
+		ErrorCode: "AUTH_TOKEN_MISMATCH", Reason: "MCP: invalid bearer token"}
+	if missing {
+		a.ErrorCode, a.Reason = "AUTH_TOKEN_MISSING", "MCP: no bearer token"
+	}
+	t.s.authFails.Failed(authguard.Source(host), a)
 }
 
 // registryView reads the registry that Run opens (nil before: no nodes).

@@ -18,6 +18,7 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -79,6 +80,17 @@ type Invoker interface {
 	InvokeTool(ctx context.Context, call ToolCall) ToolResult
 }
 
+// AuthThrottle is the gateway's per-source budget of failed
+// authentications, shared with the WebSocket handshake, so /mcp is no way
+// around it.
+type AuthThrottle interface {
+	// RetryAfter is how long the request's source must wait; 0: go on.
+	RetryAfter(r *http.Request) time.Duration
+	// Failed records a refused token (missing: none) from the request's
+	// source.
+	Failed(r *http.Request, missing bool)
+}
+
 // Config configures a Server. Zero values take the documented defaults.
 type Config struct {
 	Auth       access.Authenticator // operator tokens; required
@@ -86,6 +98,7 @@ type Config struct {
 	Nodes      Nodes                // required
 	Invoker    Invoker              // required
 	Groups     NodeGroups           // nil: /mcp/groups/ answers 404
+	Throttle   AuthThrottle         // nil: failed authentications are not throttled
 	Version    string               // serverInfo.version
 	// PageSize is the number of tools per tools/list page. Default 100.
 	PageSize int
@@ -275,7 +288,15 @@ func (s *Server) authenticate(w http.ResponseWriter, r *http.Request) (access.Pr
 	scheme, token, _ := strings.Cut(r.Header.Get("Authorization"), " ")
 	token = strings.TrimSpace(token)
 	challenge := `Bearer realm="xiaoclaw", resource_metadata="` + baseURL(r) + ProtectedResourcePath + `"`
+	if s.cfg.Throttle != nil {
+		if wait := s.cfg.Throttle.RetryAfter(r); wait > 0 {
+			w.Header().Set("Retry-After", strconv.Itoa(int((wait+time.Second-1)/time.Second)))
+			http.Error(w, "too many failed authentications from this address; retry later", http.StatusTooManyRequests)
+			return access.Principal{}, false
+		}
+	}
 	if !strings.EqualFold(scheme, "Bearer") || token == "" {
+		s.failed(r, true)
 		w.Header().Set("WWW-Authenticate", challenge)
 		http.Error(w, "missing bearer token: send Authorization: Bearer <operator token>", http.StatusUnauthorized)
 		return access.Principal{}, false
@@ -285,6 +306,7 @@ func (s *Server) authenticate(w http.ResponseWriter, r *http.Request) (access.Pr
 	p, err := s.cfg.Auth.AuthenticateOperator(ctx, token)
 	switch {
 	case errors.Is(err, access.ErrUnauthenticated):
+		s.failed(r, false)
 		w.Header().Set("WWW-Authenticate", challenge+`, error="invalid_token", error_description="unknown, expired or revoked token"`)
 		http.Error(w, "invalid token", http.StatusUnauthorized)
 		return access.Principal{}, false
@@ -295,6 +317,12 @@ func (s *Server) authenticate(w http.ResponseWriter, r *http.Request) (access.Pr
 		return access.Principal{}, false
 	}
 	return p, true
+}
+
+func (s *Server) failed(r *http.Request, missing bool) {
+	if s.cfg.Throttle != nil {
+		s.cfg.Throttle.Failed(r, missing)
+	}
 }
 
 // serveResourceMetadata serves RFC 9728 metadata naming /mcp as a

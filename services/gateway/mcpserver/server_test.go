@@ -497,3 +497,39 @@ func TestListChangedReachesTheSessionsInScope(t *testing.T) {
 			count(tenant), count(kitchen), count(desk), count(other))
 	}
 }
+
+// fakeThrottle refuses a source after three failures.
+type fakeThrottle struct {
+	mu     sync.Mutex
+	failed int
+}
+
+func (f *fakeThrottle) RetryAfter(*http.Request) time.Duration {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.failed >= 3 {
+		return 1500 * time.Millisecond
+	}
+	return 0
+}
+
+func (f *fakeThrottle) Failed(*http.Request, bool) { f.mu.Lock(); f.failed++; f.mu.Unlock() }
+
+// Failed authentications spend the gateway's per-source budget; once it is
+// spent the endpoint answers 429 with Retry-After, even to a good token.
+func TestFailedAuthenticationsAreThrottled(t *testing.T) {
+	th := &fakeThrottle{}
+	h := newHarness(t, Config{Throttle: th})
+	for i, token := range []string{"", "wrong", "wrong"} {
+		if resp := h.post(t, "/mcp", token, initializeBody); resp.StatusCode != http.StatusUnauthorized {
+			t.Fatalf("attempt %d: %d", i, resp.StatusCode)
+		}
+	}
+	resp := h.post(t, "/mcp", "op-a", initializeBody)
+	if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") != "2" {
+		t.Errorf("after 3 failures: %d Retry-After %q, want 429 and 2", resp.StatusCode, resp.Header.Get("Retry-After"))
+	}
+	if th.failed != 3 {
+		t.Errorf("%d failures recorded, want 3", th.failed)
+	}
+}
