@@ -67,6 +67,7 @@ MCP_INTEROP_DIR := services/gateway/mcpserver/interop
 
 interop: ## run real clients against xiaoclaw: the OpenClaw CLI and node host, the MCP TypeScript SDK and OpenAI Agents SDK (installs them from npm)
 	bash ../shared/tools/openclaw/openclaw-ref.sh install
+	cd "$${OCL:-$${TMPDIR:-/tmp}/openclaw-ref}" && { [ -x node_modules/.bin/mcp-server-everything ] || npm install --no-audit --no-fund @modelcontextprotocol/server-everything@2026.8.31; }
 	cd $(MCP_INTEROP_DIR) && npm ci --no-audit --no-fund
 	$(GO) test -count=1 -tags interop -run Interop -timeout 10m $(PKGS)
 

@@ -48,7 +48,7 @@ func newRoot(env func(string) string, stdout io.Writer) *cobra.Command {
 		SilenceErrors: true,
 	}
 	root.AddCommand(operatorCommands(env, stdout)...)
-	root.AddCommand(loadCommand(env, stdout), devCommand(env, stdout), simCommand(env, stdout))
+	root.AddCommand(loadCommand(env, stdout), devCommand(env, stdout), simCommand(env, stdout), agentCommand(env, stdout))
 	root.AddCommand(admincmd.CommandsWithEnv(env)...)
 	root.AddCommand(migrateCommand(env, stdout), auditcmd.CommandWithEnv(env), mcpCommand(env))
 	return root

@@ -91,6 +91,11 @@ type Config struct {
 	// WrapActivation sends the /activate body as {"Payload":{…}}, as some
 	// clients do.
 	WrapActivation bool
+	// MCP, when set, replaces the simulated board's MCP server: every MCP
+	// payload the server sends (requests, notifications, responses) goes
+	// to it verbatim, from the connection's reader; answers go out with
+	// SendMCP. Tool hosts built on this package's transports use it.
+	MCP func(payload []byte)
 }
 
 func (c *Config) setDefaults() {
@@ -639,6 +644,29 @@ func (d *Device) Notify(ctx context.Context, method string, params json.RawMessa
 	return c.write(ctx, c.mcpFrame(payload))
 }
 
+// SendMCP sends one JSON-RPC message in the XiaoZhi mcp envelope.
+func (d *Device) SendMCP(ctx context.Context, payload []byte) error {
+	c, err := d.current()
+	if err != nil {
+		return err
+	}
+	return c.write(ctx, c.mcpFrame(payload))
+}
+
+// Ping sends a WebSocket ping and waits for the pong; over MQTT the
+// client's keepalive does this and Ping returns nil at once. It keeps a
+// session that sends nothing else from ending at the server's idle limit.
+func (d *Device) Ping(ctx context.Context) error {
+	c, err := d.current()
+	if err != nil {
+		return err
+	}
+	if c.ws == nil {
+		return nil
+	}
+	return c.ws.Ping(ctx)
+}
+
 // SendText sends one raw text frame (MQTT: one publish), e.g. a malformed one.
 func (d *Device) SendText(ctx context.Context, frame []byte) error {
 	c, err := d.current()
@@ -746,6 +774,10 @@ func (c *connection) handleFrame(frame []byte) {
 			c.d.closeAudio(true)
 		}
 	case "mcp":
+		if h := c.d.cfg.MCP; h != nil {
+			h(msg.Payload)
+			return
+		}
 		c.handleMCP(msg.Payload)
 	}
 }

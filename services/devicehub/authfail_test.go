@@ -105,6 +105,14 @@ func TestRepeatedDeviceAuthFailuresThrottledPerSource(t *testing.T) {
 	if err := m.Connect(context.Background()); err == nil {
 		t.Fatal("throttled source connected over MQTT")
 	}
+	resp, err := httpFrom(attacker).Get("http://" + hub.DeviceAddr() + "/mcp/?token=any")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") == "" {
+		t.Fatalf("throttled MCP endpoint: HTTP %d Retry-After %q, want 429 with Retry-After", resp.StatusCode, resp.Header.Get("Retry-After"))
+	}
 	if hub.Sessions() != 0 {
 		t.Fatalf("%d sessions from a throttled source", hub.Sessions())
 	}
@@ -126,7 +134,7 @@ func TestRepeatedDeviceAuthFailuresThrottledPerSource(t *testing.T) {
 	}
 	var got []wire.DeviceAuthFailure
 	deadline := time.After(waitLimit)
-	for total := 0; total < 7; {
+	for total := 0; total < 8; {
 		select {
 		case msg := <-authFails:
 			var f wire.DeviceAuthFailure
@@ -136,13 +144,13 @@ func TestRepeatedDeviceAuthFailuresThrottledPerSource(t *testing.T) {
 			got = append(got, f)
 			total += max(f.Count, 1)
 		case <-deadline:
-			t.Fatalf("announcements %+v, want 7 refusals in all", got)
+			t.Fatalf("announcements %+v, want 8 refusals in all", got)
 		}
 	}
-	// 3 failures + WebSocket, 2 OTA and MQTT throttled = 7 refusals, in
-	// 2 announcements.
-	if len(got) != 2 || got[0].Count != 0 || got[1].Count != 6 || got[1].RemoteIP != attacker {
-		t.Fatalf("announcements %+v, want the first and one summary of 6", got)
+	// 3 failures + WebSocket, 2 OTA, MQTT and MCP endpoint throttled = 8
+	// refusals, in 2 announcements.
+	if len(got) != 2 || got[0].Count != 0 || got[1].Count != 7 || got[1].RemoteIP != attacker {
+		t.Fatalf("announcements %+v, want the first and one summary of 7", got)
 	}
 }
 

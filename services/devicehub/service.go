@@ -73,6 +73,8 @@ func New(cfg Config, nc *nats.Conn, log *slog.Logger) (*Service, error) {
 	}
 	s.router.Get(WebSocketPath, s.hub.serveWebSocket)
 	s.router.Get(WebSocketPath[:len(WebSocketPath)-1], s.hub.serveWebSocket)
+	s.router.Get(EndpointPath, s.hub.serveEndpoint)
+	s.router.Get(EndpointPath[:len(EndpointPath)-1], s.hub.serveEndpoint)
 	if cfg.MQTTAddr != "" {
 		b, err := newMQTTBroker(s.hub, log)
 		if err != nil {

@@ -69,6 +69,7 @@ type session struct {
 	ended      bool
 	serverInfo *unique.Handle[string]
 	tools      *unique.Handle[string]
+	relist     relister
 }
 
 func (s *session) logAttrs() []any {
@@ -236,6 +237,9 @@ func (s *session) handleMCP(payload json.RawMessage) {
 			s.hub.log.Debug("devicehub: response to no pending call dropped", append(s.logAttrs(), "id", string(msg.ID))...)
 		}
 	case xzproto.KindNotification:
+		if msg.Method == methodToolsListChanged {
+			s.requestRelist()
+		}
 		s.publishNotification(payload)
 	case xzproto.KindRequest:
 		// The hub is a client only; tell the device so instead of leaving it waiting.

@@ -143,6 +143,9 @@ type wsConn struct {
 	raw  net.Conn      // the hijacked TCP connection
 	br   *bufio.Reader // the WebSocket library reads through it too
 	sess *session
+	// plain: an MCP endpoint connection (endpoint.go): no hello, one bare
+	// JSON-RPC message per text frame instead of the XiaoZhi envelope.
+	plain bool
 
 	helloed atomic.Bool
 	queued  atomic.Int32
@@ -187,6 +190,9 @@ func (c *wsConn) run() {
 func (c *wsConn) handshake() bool {
 	h := c.hub
 	s := c.sess
+	if c.plain {
+		return c.startEndpoint()
+	}
 	_ = c.raw.SetReadDeadline(time.Now().Add(h.cfg.HelloTimeout))
 	frame, hello, err := c.readHello()
 	if err != nil {
@@ -303,6 +309,10 @@ func (c *wsConn) readFrame() error {
 	if err != nil {
 		return err
 	}
+	if c.plain {
+		c.sess.handleMCP(frame)
+		return nil
+	}
 	return c.sess.handleFrame(frame)
 }
 
@@ -334,6 +344,9 @@ func (c *wsConn) endReason(err error) (endCause, string) {
 
 // Send writes one JSON-RPC message in the XiaoZhi envelope.
 func (c *wsConn) Send(payload []byte) error {
+	if c.plain {
+		return c.writeText(payload)
+	}
 	return c.writeText(xzproto.AppendMCPFrame(make([]byte, 0, len(payload)+64), c.sess.id, payload))
 }
 

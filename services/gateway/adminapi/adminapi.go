@@ -49,6 +49,9 @@ type Config struct {
 	// Activator binds a device's activation code (shown on its screen) to
 	// a tenant; nil answers 404 on the activation endpoint.
 	Activator Activator
+	// DeviceTokens mints MCP endpoint tokens (POST .../endpoint-tokens);
+	// nil answers 404 there.
+	DeviceTokens DeviceTokenMinter
 	// MaxBodyBytes caps a request body; 0 means 1 MiB.
 	MaxBodyBytes int64
 	// AuthFailures throttles failed authentication per source address:
@@ -140,6 +143,7 @@ func New(cfg Config) (http.Handler, error) {
 			r.Delete("/policy/rules/{rule}", a.handle(a.removeRule))
 			r.Post("/policy/explain", a.handle(a.explain))
 			r.Post("/activations", a.handle(a.activate))
+			r.Post("/endpoint-tokens", a.handle(a.createEndpointToken))
 		})
 	})
 	return r, nil

@@ -34,7 +34,7 @@ func Commands() []*cobra.Command { return CommandsWithEnv(os.Getenv) }
 func CommandsWithEnv(env func(string) string) []*cobra.Command {
 	return []*cobra.Command{
 		tenantCommand(env), tokenCommand(env), deviceKeyCommand(env),
-		allowlistCommand(env), groupCommand(env), policyCommand(env), deviceCommand(env),
+		allowlistCommand(env), groupCommand(env), policyCommand(env), deviceCommand(env), endpointCommand(env),
 	}
 }
 

@@ -85,7 +85,7 @@ func openTenancy(ctx context.Context, cfg Config, nc *nats.Conn, acts activation
 		admins = []string{cfg.AdminToken}
 	}
 	if t.AdminAPI, err = adminapi.New(adminapi.Config{Manager: t.Manager, Operators: t.OperatorAuth, Policy: t.Policy,
-		AdminTokens: admins, Activator: adminapi.ActivationBinder(acts), Log: log}); err != nil {
+		AdminTokens: admins, Activator: adminapi.ActivationBinder(acts), DeviceTokens: t.DeviceMinter, Log: log}); err != nil {
 		return fail(err)
 	}
 	return t, nil

@@ -246,7 +246,17 @@ func (c *Client) Discover(callCtx func() (context.Context, context.CancelFunc), 
 	if err := c.Notify("notifications/initialized", nil); err != nil {
 		return d, fmt.Errorf("notifications/initialized: %w", err)
 	}
+	l, err := c.ListTools(callCtx, o)
+	l.ServerInfo = d.ServerInfo
+	return l, err
+}
 
+// ListTools reads the whole catalog with tools/list, page by page until
+// nextCursor is absent: discovery's second half, and a re-list after the
+// device's notifications/tools/list_changed. On an error it returns what
+// it learned so far.
+func (c *Client) ListTools(callCtx func() (context.Context, context.CancelFunc), o DiscoverOptions) (Discovery, error) {
+	var d Discovery
 	tools := []byte{'['}
 	n := 0
 	cursor := ""

@@ -101,8 +101,16 @@ func openBackend(ctx context.Context, dsn string, nc *nats.Conn, static access.S
 		b.close()
 		return nil, fmt.Errorf("activations: %w", err)
 	}
+	// Mints MCP endpoint tokens with the tenants' device keys (cached with
+	// the store's TTL; after a key rotation the old key still verifies for
+	// its overlap).
+	devs, err := tenancy.NewDeviceAuth(b.tenancy, tenancy.DeviceAuthConfig{}, log)
+	if err != nil {
+		b.close()
+		return nil, err
+	}
 	admin, err := adminapi.New(adminapi.Config{Manager: mgr, Operators: b.auth, Policy: b.policy, AdminTokens: admins,
-		Activator: adminapi.ActivationBinder(acts), AuthFailures: limits.authFailures,
+		Activator: adminapi.ActivationBinder(acts), DeviceTokens: devs, AuthFailures: limits.authFailures,
 		ActivationFailures: limits.activationFailures, TrustedProxies: limits.trustedProxies, Log: log})
 	if err != nil {
 		b.close()

@@ -342,11 +342,11 @@ func (r *Registry) publishChange(old, rec *wire.NodeRecord, ev *wire.DeviceEvent
 			r.Publish(rec.Tenant, wire.NodeEventMsg{NodeID: rec.NodeID, Event: wire.EventNodeConnected, Payload: connectedPayload(rec), TsMs: now})
 		}
 		if old != nil && !toolsEqual(old.Tools, rec.Tools) {
-			r.Publish(rec.Tenant, wire.NodeEventMsg{NodeID: rec.NodeID, Event: wire.EventToolsChanged, Payload: r.toolsPayload(rec.Tools), TsMs: now})
+			r.Publish(rec.Tenant, wire.NodeEventMsg{NodeID: rec.NodeID, Event: wire.EventToolsChanged, Payload: r.toolsChangedPayload(old.Tools, rec.Tools), TsMs: now})
 		}
 	case wire.DeviceTools:
 		if !toolsEqual(old.Tools, rec.Tools) {
-			r.Publish(rec.Tenant, wire.NodeEventMsg{NodeID: rec.NodeID, Event: wire.EventToolsChanged, Payload: r.toolsPayload(rec.Tools), TsMs: now})
+			r.Publish(rec.Tenant, wire.NodeEventMsg{NodeID: rec.NodeID, Event: wire.EventToolsChanged, Payload: r.toolsChangedPayload(old.Tools, rec.Tools), TsMs: now})
 		}
 	case wire.DeviceOffline:
 		r.Publish(rec.Tenant, wire.NodeEventMsg{NodeID: rec.NodeID, Event: wire.EventNodeDisconnected, Payload: disconnectedPayload(ev.Reason, ev.AtMs), TsMs: now})

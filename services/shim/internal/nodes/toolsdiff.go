@@ -1,0 +1,71 @@
+package nodes
+
+import (
+	"bytes"
+	"encoding/json"
+	"sort"
+)
+
+// toolsDiff names the tools a catalog change added, removed and changed
+// (same name, another definition). Entries that are not objects with a
+// string name are ignored, as the catalog ignores them.
+func toolsDiff(old, cur json.RawMessage) (added, removed, changed []string) {
+	before, after := toolsByName(old), toolsByName(cur)
+	for name, def := range after {
+		switch prev, ok := before[name]; {
+		case !ok:
+			added = append(added, name)
+		case !bytes.Equal(prev, def):
+			changed = append(changed, name)
+		}
+	}
+	for name := range before {
+		if _, ok := after[name]; !ok {
+			removed = append(removed, name)
+		}
+	}
+	sort.Strings(added)
+	sort.Strings(removed)
+	sort.Strings(changed)
+	return added, removed, changed
+}
+
+func toolsByName(tools json.RawMessage) map[string]json.RawMessage {
+	var list []json.RawMessage
+	_ = json.Unmarshal(tools, &list)
+	m := make(map[string]json.RawMessage, len(list))
+	for _, t := range list {
+		var named struct {
+			Name string `json:"name"`
+		}
+		if json.Unmarshal(t, &named) == nil && named.Name != "" {
+			var compact bytes.Buffer
+			if json.Compact(&compact, t) == nil {
+				m[named.Name] = compact.Bytes()
+			}
+		}
+	}
+	return m
+}
+
+// toolsChangedPayload is the node.tools.changed payload: the current tool
+// names and what the change added, removed and changed.
+func (r *Registry) toolsChangedPayload(old, cur json.RawMessage) json.RawMessage {
+	var p struct {
+		Tools   []string `json:"tools"`
+		Added   []string `json:"added"`
+		Removed []string `json:"removed"`
+		Changed []string `json:"changed"`
+	}
+	if err := json.Unmarshal(r.toolsPayload(cur), &p); err != nil {
+		return r.toolsPayload(cur)
+	}
+	p.Added, p.Removed, p.Changed = toolsDiff(old, cur)
+	for _, s := range []*[]string{&p.Added, &p.Removed, &p.Changed} {
+		if *s == nil {
+			*s = []string{}
+		}
+	}
+	b, _ := json.Marshal(p)
+	return b
+}
