@@ -2,6 +2,7 @@ package devstack
 
 import (
 	"context"
+	"io"
 	"net/http"
 	"strings"
 	"sync/atomic"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/xiaoclaw/xiaoclaw/cmd/xiaoclaw/internal/mcpstdio"
 	"github.com/xiaoclaw/xiaoclaw/pkg/tenancy"
 )
 
@@ -229,5 +231,41 @@ func TestMCPScopes(t *testing.T) {
 	res, err := node.CallTool(context.Background(), &mcp.CallToolParams{Name: "self.audio_speaker.set_volume", Arguments: map[string]any{"volume": 12}})
 	if err != nil || res.IsError || out.Volume() != 12 {
 		t.Errorf("a node-scoped call: %v %+v, volume %d", err, res, out.Volume())
+	}
+}
+
+// TestMCPStdio runs `xiaoclaw mcp`'s server on pipes against a gateway and
+// talks to it with the Go SDK's client: the tools, a call, a bad token.
+func TestMCPStdio(t *testing.T) {
+	st := startStack(t, Config{})
+	dev := connectDevices(t, st, 0, 1, 31, nil)[0]
+	endpoint, err := mcpstdio.EndpointURL(st.GatewayURL(0), "/mcp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	connect := func(token string) (*mcp.ClientSession, error) {
+		cr, sw := io.Pipe()
+		sr, cw := io.Pipe()
+		ctx, cancel := context.WithCancel(context.Background())
+		t.Cleanup(cancel)
+		go func() { _ = mcpstdio.Serve(ctx, mcpstdio.Config{Endpoint: endpoint, Token: token, Version: "test"}, sr, sw) }()
+		c := mcp.NewClient(&mcp.Implementation{Name: "stdio-test", Version: "1"}, nil)
+		cctx, ccancel := context.WithTimeout(ctx, waitLimit)
+		defer ccancel()
+		return c.Connect(cctx, &mcp.IOTransport{Reader: cr, Writer: cw}, nil)
+	}
+	cs, err := connect(testOperatorToken)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Close()
+	var setVolume string
+	waitFor(t, func() bool { setVolume = toolOf(mcpTools(t, cs), nodeID(dev), "self.audio_speaker.set_volume"); return setVolume != "" })
+	res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: setVolume, Arguments: map[string]any{"volume": 23}})
+	if err != nil || res.IsError || dev.Volume() != 23 {
+		t.Errorf("a call over stdio: %v %+v, volume %d", err, res, dev.Volume())
+	}
+	if _, err := connect("wrong-token"); err == nil || !strings.Contains(err.Error(), "401") && !strings.Contains(err.Error(), "Unauthorized") {
+		t.Errorf("a bad token over stdio: %v, want the gateway's 401", err)
 	}
 }

@@ -77,7 +77,10 @@ func Serve(ctx context.Context, cfg Config, in io.ReadCloser, out io.WriteCloser
 	}
 	p := &proxy{cfg: cfg}
 	p.server = mcp.NewServer(&mcp.Implementation{Name: "xiaoclaw", Title: "xiaoclaw devices", Version: cfg.Version},
-		&mcp.ServerOptions{Capabilities: &mcp.ServerCapabilities{Tools: &mcp.ToolCapabilities{ListChanged: true}}})
+		&mcp.ServerOptions{Capabilities: &mcp.ServerCapabilities{Tools: &mcp.ToolCapabilities{ListChanged: true}},
+			// The gateway's versions: a client that would go sessionless
+			// (2026-07-28) initializes instead, and list_changed reaches it.
+			SupportedProtocolVersions: []string{"2025-11-25", "2025-06-18"}})
 	p.server.AddReceivingMiddleware(p.middleware)
 	defer p.close()
 	err := p.server.Run(ctx, &mcp.IOTransport{Reader: in, Writer: out})
@@ -121,12 +124,20 @@ func (p *proxy) connect(ctx context.Context, client *mcp.Implementation) error {
 	return nil
 }
 
-func (p *proxy) session() (*mcp.ClientSession, error) {
+// session returns the upstream session, opening one for a client that
+// skipped initialize.
+func (p *proxy) session(ctx context.Context) (*mcp.ClientSession, error) {
+	p.mu.Lock()
+	cs := p.upstream
+	p.mu.Unlock()
+	if cs != nil {
+		return cs, nil
+	}
+	if err := p.connect(ctx, nil); err != nil {
+		return nil, &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: err.Error()}
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.upstream == nil {
-		return nil, &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: "not connected to the gateway"}
-	}
 	return p.upstream, nil
 }
 
@@ -153,7 +164,7 @@ func (p *proxy) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 				return nil, &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: err.Error()}
 			}
 		case "tools/list":
-			cs, err := p.session()
+			cs, err := p.session(ctx)
 			if err != nil {
 				return nil, err
 			}
@@ -163,7 +174,7 @@ func (p *proxy) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 			}
 			return cs.ListTools(ctx, params)
 		case "tools/call":
-			cs, err := p.session()
+			cs, err := p.session(ctx)
 			if err != nil {
 				return nil, err
 			}
