@@ -248,7 +248,9 @@ func TestMCPStdio(t *testing.T) {
 		sr, cw := io.Pipe()
 		ctx, cancel := context.WithCancel(context.Background())
 		t.Cleanup(cancel)
-		go func() { _ = mcpstdio.Serve(ctx, mcpstdio.Config{Endpoint: endpoint, Token: token, Version: "test"}, sr, sw) }()
+		go func() {
+			_ = mcpstdio.Serve(ctx, mcpstdio.Config{Endpoint: endpoint, Token: token, Version: "test"}, sr, sw)
+		}()
 		c := mcp.NewClient(&mcp.Implementation{Name: "stdio-test", Version: "1"}, nil)
 		cctx, ccancel := context.WithTimeout(ctx, waitLimit)
 		defer ccancel()
@@ -260,7 +262,10 @@ func TestMCPStdio(t *testing.T) {
 	}
 	defer cs.Close()
 	var setVolume string
-	waitFor(t, func() bool { setVolume = toolOf(mcpTools(t, cs), nodeID(dev), "self.audio_speaker.set_volume"); return setVolume != "" })
+	waitFor(t, func() bool {
+		setVolume = toolOf(mcpTools(t, cs), nodeID(dev), "self.audio_speaker.set_volume")
+		return setVolume != ""
+	})
 	res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: setVolume, Arguments: map[string]any{"volume": 23}})
 	if err != nil || res.IsError || dev.Volume() != 23 {
 		t.Errorf("a call over stdio: %v %+v, volume %d", err, res, dev.Volume())
