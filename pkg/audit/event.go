@@ -25,6 +25,7 @@ import (
 // Event kinds.
 const (
 	KindInvoke            = "node.invoke"          // one node.invoke, whatever its outcome
+	KindInvokeAttempt     = "node.invoke.attempt"  // a node.invoke allowed and about to reach its node
 	KindOperatorConnect   = "operator.connect"     // an operator or node host completed connect
 	KindOperatorAuthFail  = "operator.auth_failed" // a connect was refused for its credential
 	KindDeviceConnect     = "device.connect"       // a device session came up on a devicehub
@@ -86,6 +87,10 @@ type Event struct {
 	Instance       string          `json:"instance,omitempty"` // gateway or devicehub replica
 	Detail         string          `json:"detail,omitempty"`   // reason, remote address, change id
 }
+
+// AttemptID is the id of a call's node.invoke.attempt event, given the id
+// of its node.invoke (outcome) event.
+func AttemptID(invokeID string) string { return invokeID + "-attempt" }
 
 // NewID returns a new event id: 12 hex digits of Unix milliseconds and 16
 // random hex digits, so ids sort roughly by time and never collide.

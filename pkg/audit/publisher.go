@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -79,18 +80,36 @@ type PublisherConfig struct {
 	AckTimeout time.Duration
 	// MaxPending bounds unacknowledged publishes in flight. Default 4096.
 	MaxPending int
+	// LaterDelay is how long an event given to Later may wait for a
+	// Publish of its tenant to ride along with before it is sent on its
+	// own. Default 5 ms.
+	LaterDelay time.Duration
 }
+
+// maxBatch caps the events of one stream message.
+const maxBatch = 64
 
 // ErrUnavailable is returned (wrapped) when the stream did not take an
 // event: the caller must not proceed as if it were recorded.
 var ErrUnavailable = errors.New("audit unavailable")
 
 // Publisher puts events on the XC_AUDIT stream. Safe for concurrent use.
+//
+// A stream message holds one event, or a JSON array of events of one
+// tenant: Later queues events that need no wait, and the next Publish of
+// their tenant carries them in its message, so a node.invoke's outcome
+// rides with the next call's attempt instead of costing a message of its
+// own.
 type Publisher struct {
 	js     jetstream.JetStream
 	redact *redactor
 	cfg    PublisherConfig
 	log    *slog.Logger
+
+	mu      sync.Mutex
+	later   map[string][]Event // tenant → encoded-ready events waiting for a message
+	pending int                // events in later
+	flushAt *time.Timer        // sends what waits in later; nil when nothing waits
 }
 
 // NewPublisher makes sure the stream exists and returns a Publisher on nc.
@@ -104,6 +123,9 @@ func NewPublisher(ctx context.Context, nc *nats.Conn, cfg PublisherConfig, log *
 	if cfg.MaxPending <= 0 {
 		cfg.MaxPending = 4096
 	}
+	if cfg.LaterDelay <= 0 {
+		cfg.LaterDelay = 5 * time.Millisecond
+	}
 	// The async timeout frees futures whose caller gave up waiting.
 	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(cfg.MaxPending),
 		jetstream.WithPublishAsyncTimeout(cfg.AckTimeout))
@@ -113,14 +135,40 @@ func NewPublisher(ctx context.Context, nc *nats.Conn, cfg PublisherConfig, log *
 	if _, err := EnsureStream(ctx, js, cfg.Stream); err != nil {
 		return nil, err
 	}
-	return &Publisher{js: js, redact: cfg.Redaction.compile(), cfg: cfg, log: log}, nil
+	return &Publisher{js: js, redact: cfg.Redaction.compile(), cfg: cfg, log: log, later: map[string][]Event{}}, nil
 }
 
 // Publish redacts e's arguments, fills in a missing id and time, and returns
 // once the stream has stored e; any other outcome is an error wrapping
 // ErrUnavailable. The wait ends at ctx's deadline or after AckTimeout,
-// whichever is first. Publishing the same id twice stores it once.
+// whichever is first. Publishing the same id twice stores it once. Events
+// of e's tenant queued by Later go in the same message.
 func (p *Publisher) Publish(ctx context.Context, e Event) error {
+	if err := p.prepare(&e); err != nil {
+		return err
+	}
+	batch := p.takeLater(e.Tenant)
+	err := p.send(ctx, e.Tenant, e.ID, append([]Event{e}, batch...))
+	if err != nil && len(batch) > 0 {
+		p.requeue(batch)
+	}
+	return err
+}
+
+// Later queues e to be stored without waiting: with the next Publish of its
+// tenant, or on its own after LaterDelay. An event the stream does not take
+// is tried again with the next message, and logged and dropped when
+// MaxPending events already wait.
+func (p *Publisher) Later(e Event) {
+	if err := p.prepare(&e); err != nil {
+		p.log.Error("audit: event dropped", "kind", e.Kind, "tenant", e.Tenant, "err", err)
+		return
+	}
+	p.requeue([]Event{e})
+}
+
+// prepare redacts, completes and checks e.
+func (p *Publisher) prepare(e *Event) error {
 	if e.ID == "" {
 		e.ID = NewID()
 	}
@@ -132,13 +180,90 @@ func (p *Publisher) Publish(ctx context.Context, e Event) error {
 	if err := e.Validate(); err != nil {
 		return fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}
-	data, err := json.Marshal(&e)
+	return nil
+}
+
+// takeLater removes up to maxBatch-1 waiting events of a tenant.
+func (p *Publisher) takeLater(tenant string) []Event {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	q := p.later[tenant]
+	if len(q) == 0 {
+		return nil
+	}
+	n := min(len(q), maxBatch-1)
+	batch := q[:n:n]
+	if n == len(q) {
+		delete(p.later, tenant)
+	} else {
+		p.later[tenant] = q[n:]
+	}
+	p.pending -= n
+	return batch
+}
+
+// requeue puts events back to wait (or queues them first) and arms the
+// flush.
+func (p *Publisher) requeue(events []Event) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, e := range events {
+		if p.pending >= p.cfg.MaxPending {
+			p.log.Error("audit: event dropped, too many waiting", "kind", e.Kind, "tenant", e.Tenant, "id", e.ID)
+			continue
+		}
+		p.later[e.Tenant] = append(p.later[e.Tenant], e)
+		p.pending++
+	}
+	if p.pending > 0 && p.flushAt == nil {
+		p.flushAt = time.AfterFunc(p.cfg.LaterDelay, p.flush)
+	}
+}
+
+// flush sends every waiting event, a message per tenant and maxBatch.
+func (p *Publisher) flush() {
+	p.mu.Lock()
+	p.flushAt = nil
+	tenants := make([]string, 0, len(p.later))
+	for t := range p.later {
+		tenants = append(tenants, t)
+	}
+	p.mu.Unlock()
+	var failed []Event
+	for _, t := range tenants {
+		for {
+			batch := p.takeLater(t)
+			if len(batch) == 0 {
+				break
+			}
+			if err := p.send(context.Background(), t, batch[0].ID, batch); err != nil {
+				p.log.Warn("audit: events not stored yet; retrying", "tenant", t, "events", len(batch), "err", err)
+				failed = append(failed, batch...)
+				break
+			}
+		}
+	}
+	if len(failed) > 0 {
+		p.requeue(failed)
+	}
+}
+
+// send publishes events of one tenant as one message with the given
+// message id and waits for the stream's acknowledgement.
+func (p *Publisher) send(ctx context.Context, tenant, msgID string, events []Event) error {
+	var data []byte
+	var err error
+	if len(events) == 1 {
+		data, err = json.Marshal(&events[0])
+	} else {
+		data, err = json.Marshal(events)
+	}
 	if err != nil {
 		return fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}
-	msg := &nats.Msg{Subject: wire.Audit(e.Tenant), Data: data, Header: nats.Header{}}
-	msg.Header.Set(wire.HeaderTenant, e.Tenant)
-	fut, err := p.js.PublishMsgAsync(msg, jetstream.WithMsgID(e.ID))
+	msg := &nats.Msg{Subject: wire.Audit(tenant), Data: data, Header: nats.Header{}}
+	msg.Header.Set(wire.HeaderTenant, tenant)
+	fut, err := p.js.PublishMsgAsync(msg, jetstream.WithMsgID(msgID))
 	if err != nil {
 		return fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}

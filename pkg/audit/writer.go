@@ -1,6 +1,7 @@
 package audit
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -42,6 +43,11 @@ type WriterConfig struct {
 	// OnCommit, if set, is called after each committed batch with the
 	// events and the commit time (for metrics and benchmarks).
 	OnCommit func(events []Event, committed time.Time)
+	// AttemptGrace is how long a node.invoke.attempt is held back (its
+	// message unacknowledged) waiting for its outcome, which makes it
+	// redundant: a call that ends within it leaves one row. An attempt
+	// still alone after it is stored. Default 2 s, at most AckWait/4.
+	AttemptGrace time.Duration
 }
 
 func (c *WriterConfig) setDefaults() {
@@ -66,6 +72,10 @@ func (c *WriterConfig) setDefaults() {
 	if c.PruneInterval <= 0 {
 		c.PruneInterval = time.Hour
 	}
+	if c.AttemptGrace <= 0 {
+		c.AttemptGrace = 2 * time.Second
+	}
+	c.AttemptGrace = min(c.AttemptGrace, c.AckWait/4)
 }
 
 // Writer moves events from the XC_AUDIT stream into a Store. Run any number
@@ -79,6 +89,17 @@ type Writer struct {
 	cfg   WriterConfig
 	log   *slog.Logger
 	ready chan struct{}
+
+	mu      sync.Mutex
+	settled map[string]time.Time // attempt ids whose outcome a loop has read → when
+	pruned  time.Time            // when settled was last pruned
+}
+
+// heldMessage is a stream message whose events are decoded; once stored in
+// part, events holds only its attempts waiting for their outcome.
+type heldMessage struct {
+	msg    jetstream.Msg
+	events []Event
 }
 
 // NewWriter returns a writer; Run starts it.
@@ -87,7 +108,7 @@ func NewWriter(nc *nats.Conn, store Store, cfg WriterConfig, log *slog.Logger) (
 		return nil, errors.New("audit: writer needs a NATS connection, a store and a logger")
 	}
 	cfg.setDefaults()
-	return &Writer{nc: nc, store: store, cfg: cfg, log: log, ready: make(chan struct{})}, nil
+	return &Writer{nc: nc, store: store, cfg: cfg, log: log, ready: make(chan struct{}), settled: map[string]time.Time{}}, nil
 }
 
 // Ready is closed once the writer consumes the stream.
@@ -123,6 +144,12 @@ func (w *Writer) Run(ctx context.Context) error {
 // creates partitions and applies retention on schedule.
 func (w *Writer) loop(ctx context.Context, cons jetstream.Consumer, maintainer bool) {
 	lastMaintain := time.Now()
+	var held []heldMessage
+	defer func() {
+		for _, h := range held {
+			_ = h.msg.Nak() // shutting down: another writer takes them now
+		}
+	}()
 	for ctx.Err() == nil {
 		if maintainer && time.Since(lastMaintain) >= w.cfg.PruneInterval {
 			lastMaintain = time.Now()
@@ -144,8 +171,8 @@ func (w *Writer) loop(ctx context.Context, cons jetstream.Consumer, maintainer b
 		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && ctx.Err() == nil {
 			w.log.Warn("audit writer: fetch", "err", err)
 		}
-		if len(msgs) > 0 {
-			w.commit(ctx, msgs)
+		if len(msgs) > 0 || len(held) > 0 {
+			held = w.commit(ctx, msgs, held)
 		}
 	}
 }
@@ -183,16 +210,10 @@ func (w *Writer) consumer(ctx context.Context, js jetstream.JetStream) (jetstrea
 
 // commit writes one fetched batch, retrying while the store fails, and
 // acknowledges it after the commit.
-func (w *Writer) commit(ctx context.Context, msgs []jetstream.Msg) {
-	events := make([]Event, 0, len(msgs))
-	keep := msgs[:0:0]
+func (w *Writer) commit(ctx context.Context, msgs []jetstream.Msg, held []heldMessage) []heldMessage {
+	batch := held
 	for _, m := range msgs {
-		var e Event
-		err := json.Unmarshal(m.Data(), &e)
-		if err == nil {
-			e.normalize()
-			err = e.Validate()
-		}
+		got, err := decodeMessage(m.Data())
 		if err != nil {
 			// Retrying cannot make it storable: drop it loudly.
 			w.log.Error("audit writer: dropping an event that cannot be stored", "subject", m.Subject(), "err", err,
@@ -200,11 +221,14 @@ func (w *Writer) commit(ctx context.Context, msgs []jetstream.Msg) {
 			_ = m.Term()
 			continue
 		}
-		events = append(events, e)
-		keep = append(keep, m)
+		batch = append(batch, heldMessage{msg: m, events: got})
 	}
+	events, keep, held := w.pair(batch, time.Now())
 	if len(events) == 0 {
-		return
+		for _, m := range keep {
+			_ = m.Ack()
+		}
+		return held
 	}
 	delay := 100 * time.Millisecond
 	lastProgress := time.Now()
@@ -219,12 +243,15 @@ func (w *Writer) commit(ctx context.Context, msgs []jetstream.Msg) {
 			for _, m := range keep {
 				_ = m.Nak()
 			}
-			return
+			return held
 		}
 		w.log.Warn("audit writer: store write failed; retrying", "events", len(events), "attempt", attempt, "err", err)
 		if time.Since(lastProgress) > w.cfg.AckWait/3 {
 			for _, m := range keep {
 				_ = m.InProgress() // still ours: do not redeliver while we retry
+			}
+			for _, h := range held {
+				_ = h.msg.InProgress()
 			}
 			lastProgress = time.Now()
 		}
@@ -238,6 +265,7 @@ func (w *Writer) commit(ctx context.Context, msgs []jetstream.Msg) {
 	if w.cfg.OnCommit != nil {
 		w.cfg.OnCommit(events, committed)
 	}
+	return held
 }
 
 func (w *Writer) maintain(ctx context.Context) {
@@ -266,4 +294,79 @@ func (w *Writer) pause(ctx context.Context, d time.Duration) bool {
 	case <-t.C:
 		return true
 	}
+}
+
+// pair decides what a batch stores. A node.invoke.attempt whose outcome has
+// been read (by any loop of this writer) is left out: the outcome row holds
+// all it says, so a call that ends within AttemptGrace leaves one row. One
+// whose outcome has not come yet is held back, its message unacknowledged,
+// until AttemptGrace after the call, then stored. It returns the events to
+// store, the messages to acknowledge once they are, and the messages still
+// held (with only their waiting attempts).
+func (w *Writer) pair(batch []heldMessage, now time.Time) (events []Event, done []jetstream.Msg, held []heldMessage) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, h := range batch {
+		for _, e := range h.events {
+			if e.Kind == KindInvoke {
+				w.settled[AttemptID(e.ID)] = now
+			}
+		}
+	}
+	if now.Sub(w.pruned) > w.cfg.AttemptGrace {
+		w.pruned = now
+		for id, at := range w.settled {
+			if now.Sub(at) > 4*w.cfg.AttemptGrace {
+				delete(w.settled, id)
+			}
+		}
+	}
+	for _, h := range batch {
+		var waiting []Event
+		for _, e := range h.events {
+			switch {
+			case e.Kind != KindInvokeAttempt:
+				events = append(events, e)
+			case !w.settled[e.ID].IsZero(): // its outcome holds all it says
+			case now.Sub(e.Time) < w.cfg.AttemptGrace:
+				waiting = append(waiting, e)
+			default:
+				events = append(events, e)
+			}
+		}
+		if len(waiting) > 0 {
+			held = append(held, heldMessage{msg: h.msg, events: waiting})
+		} else {
+			done = append(done, h.msg)
+		}
+	}
+	return events, done, held
+}
+
+// decodeMessage reads a stream message: one event, or a JSON array of
+// events (Publisher.Later's batches). Any event that cannot be stored
+// fails the whole message.
+func decodeMessage(data []byte) ([]Event, error) {
+	var events []Event
+	if t := bytes.TrimLeft(data, " \t\r\n"); len(t) > 0 && t[0] == '[' {
+		if err := json.Unmarshal(data, &events); err != nil {
+			return nil, err
+		}
+		if len(events) == 0 {
+			return nil, fmt.Errorf("%w: empty batch", ErrInvalidEvent)
+		}
+	} else {
+		var e Event
+		if err := json.Unmarshal(data, &e); err != nil {
+			return nil, err
+		}
+		events = []Event{e}
+	}
+	for i := range events {
+		events[i].normalize()
+		if err := events[i].Validate(); err != nil {
+			return nil, err
+		}
+	}
+	return events, nil
 }

@@ -75,14 +75,14 @@ type InvokeReply struct {
 // operator sees in details.nodeError.code (OpenClaw's node host uses
 // INVALID_REQUEST, UNAVAILABLE and TIMEOUT; xiaoclaw adds the rest).
 const (
-	FaultNotConnected   = "NOT_CONNECTED"   // no session for the device/node
-	FaultTimeout        = "TIMEOUT"         // the deadline passed before a reply
-	FaultInvalidRequest = "INVALID_REQUEST" // bad command, unknown tool, invalid arguments
-	FaultDeviceError    = "DEVICE_ERROR"    // the device answered with a JSON-RPC error
-	FaultBusy           = "BUSY"            // too many calls in flight for the device
-	FaultTooLarge       = "TOO_LARGE"       // request or result over the size limit
-	FaultUnavailable    = "UNAVAILABLE"     // the service could not run the call
-	FaultDisconnected   = "DISCONNECTED"    // the session ended while the call was pending
+	FaultNotConnected   = "NOT_CONNECTED"     // no session for the device/node
+	FaultTimeout        = "TIMEOUT"           // the deadline passed before a reply
+	FaultInvalidRequest = "INVALID_REQUEST"   // bad command, unknown tool, invalid arguments
+	FaultDeviceError    = "DEVICE_ERROR"      // the device answered with a JSON-RPC error
+	FaultBusy           = "BUSY"              // too many calls in flight for the device
+	FaultTooLarge       = "PAYLOAD_TOO_LARGE" // request or result over the size limit
+	FaultUnavailable    = "UNAVAILABLE"       // the service could not run the call
+	FaultDisconnected   = "DISCONNECTED"      // the session ended while the call was pending
 )
 
 // Fault is an error that crosses a service boundary.

@@ -26,6 +26,7 @@ const (
 	DefaultCallTimeout     = 15 * time.Second
 	DefaultMaxInFlight     = 100
 	DefaultMaxFrameBytes   = 128 << 10
+	DefaultMaxResultBytes  = 128 << 10
 	DefaultWriteTimeout    = 10 * time.Second
 	DefaultWriteQueue      = 128
 	DefaultMaxCatalogBytes = 512 << 10
@@ -70,8 +71,12 @@ type Config struct {
 	MaxInFlight int
 	// MaxFrameBytes caps one JSON frame in either direction; a device that
 	// sends a larger one loses its session, a larger request fails with
-	// TOO_LARGE.
+	// PAYLOAD_TOO_LARGE.
 	MaxFrameBytes int
+	// MaxResultBytes caps the result of one call (the device's JSON-RPC
+	// response); a larger one fails its call with PAYLOAD_TOO_LARGE and the
+	// session stays. Default 128 KiB.
+	MaxResultBytes int
 	// WriteTimeout bounds one frame write to a device; a device that does
 	// not take a frame in time is a slow consumer and loses its session.
 	WriteTimeout time.Duration
@@ -124,7 +129,7 @@ type Config struct {
 	MQTTTLS *tls.Config
 	// MQTTMaxPayload caps one MQTT publish payload in either direction; the
 	// firmware cannot take larger ones. A larger request fails with
-	// TOO_LARGE, a larger response fails its call with TOO_LARGE; the
+	// PAYLOAD_TOO_LARGE, a larger response fails its call with PAYLOAD_TOO_LARGE; the
 	// session stays. Default 8192.
 	MQTTMaxPayload int
 	// MQTTKeepalive is used for a client that asks for keepalive 0; a
@@ -169,6 +174,7 @@ func (c *Config) setDefaults() {
 	setDefault(&c.CallTimeout, DefaultCallTimeout)
 	setDefault(&c.MaxInFlight, DefaultMaxInFlight)
 	setDefault(&c.MaxFrameBytes, DefaultMaxFrameBytes)
+	setDefault(&c.MaxResultBytes, DefaultMaxResultBytes)
 	setDefault(&c.WriteTimeout, DefaultWriteTimeout)
 	setDefault(&c.WriteQueue, DefaultWriteQueue)
 	setDefault(&c.MaxCatalogBytes, DefaultMaxCatalogBytes)
@@ -224,8 +230,8 @@ func (c Config) Validate() error {
 	if c.CallTimeout > 300*time.Second {
 		errs = append(errs, errors.New("CallTimeout must be at most 300s"))
 	}
-	if c.MaxInFlight < 0 || c.WriteQueue < 0 || c.MaxCatalogBytes < 0 || c.MaxToolPages < 0 {
-		errs = append(errs, errors.New("MaxInFlight, WriteQueue, MaxCatalogBytes and MaxToolPages must not be negative"))
+	if c.MaxInFlight < 0 || c.WriteQueue < 0 || c.MaxCatalogBytes < 0 || c.MaxToolPages < 0 || c.MaxResultBytes < 0 {
+		errs = append(errs, errors.New("MaxInFlight, WriteQueue, MaxCatalogBytes, MaxToolPages and MaxResultBytes must not be negative"))
 	}
 	if c.MaxFrameBytes < 1024 || c.MaxFrameBytes > 8<<20 {
 		errs = append(errs, errors.New("MaxFrameBytes must be between 1 KiB and 8 MiB"))

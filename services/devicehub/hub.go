@@ -282,7 +282,7 @@ func (h *hub) serveRPC(s *session, m *nats.Msg) {
 	ctx := telemetry.ExtractHeader(context.Background(), m.Header)
 	ctx, cancel := context.WithDeadline(ctx, wire.Deadline(m.Header, h.cfg.CallTimeout))
 	defer cancel()
-	method, raw, err := h.call(ctx, s, m.Data, h.nc.MaxPayload()-1024)
+	method, raw, err := h.call(ctx, s, m.Data, min(h.nc.MaxPayload()-1024, int64(h.cfg.MaxResultBytes)))
 	code := ""
 	if err != nil {
 		f := asFault(err)
@@ -320,7 +320,7 @@ func (h *hub) call(ctx context.Context, s *session, body []byte, maxResponse int
 		h.hopDevice.Observe(time.Since(sent).Seconds())
 	}
 	if err == nil && maxResponse > 0 && int64(len(raw)) > maxResponse {
-		err = &wire.Fault{Code: wire.FaultTooLarge, Message: fmt.Sprintf("device response of %d bytes exceeds the bus limit", len(raw))}
+		err = &wire.Fault{Code: wire.FaultTooLarge, Message: fmt.Sprintf("device response of %d bytes exceeds the limit of %d bytes", len(raw), maxResponse)}
 	}
 	code := telemetry.FaultCode(err)
 	if err == nil && isErrorResponse(raw) {

@@ -309,7 +309,7 @@ func (c *mqttConn) receive(payload []byte) {
 }
 
 // refuseOversized fails the call an oversized response answers with
-// TOO_LARGE; the session stays (the device cannot send that much over MQTT
+// PAYLOAD_TOO_LARGE; the session stays (the device cannot send that much over MQTT
 // anyway, so it is a misbehaving emulator or a broken build).
 func (c *mqttConn) refuseOversized(payload []byte, max int) {
 	s := c.sess
@@ -326,7 +326,7 @@ func (c *mqttConn) refuseOversized(payload []byte, max int) {
 }
 
 // Send writes one JSON-RPC message in the XiaoZhi envelope. A message over
-// MQTTMaxPayload is refused with TOO_LARGE and the session stays.
+// MQTTMaxPayload is refused with PAYLOAD_TOO_LARGE and the session stays.
 func (c *mqttConn) Send(payload []byte) error {
 	frame := xzproto.AppendMCPFrame(make([]byte, 0, len(payload)+64), c.sess.id, payload)
 	if max := c.b.hub.cfg.MQTTMaxPayload; len(frame) > max {

@@ -643,3 +643,35 @@ func TestDeviceMovingBetweenTransportsKeepsItsID(t *testing.T) {
 		t.Fatalf("call after the move: %+v", r)
 	}
 }
+
+// TestResultsOverMaxResultBytesRefused: a tool result over MaxResultBytes
+// (here under the MQTT limit) fails its call with PAYLOAD_TOO_LARGE and the
+// session stays.
+func TestResultsOverMaxResultBytesRefused(t *testing.T) {
+	e := newEnv(t)
+	hub := startMQTTHub(t, e, func(c *devicehub.Config) { c.MaxResultBytes = 4096 })
+	const mac = "aa:bb:cc:0f:00:08"
+	w := watch(t, e, testTenant, canonical(t, mac))
+	big := `{"content":[{"type":"text","text":"` + strings.Repeat("x", 6000) + `"}],"isError":false}`
+	rawDevice(t, hub, mac, func(req map[string]any) []byte {
+		switch req["method"] {
+		case "initialize":
+			return mcpReply(req, `{"protocolVersion":"2024-11-05","capabilities":{"tools":{}},"serverInfo":{"name":"raw","version":"1"}}`)
+		case "tools/list":
+			return mcpReply(req, `{"tools":[{"name":"self.big","description":"","inputSchema":{"type":"object","properties":{}}}]}`)
+		}
+		if p, _ := req["params"].(map[string]any); p["name"] == "self.big" {
+			return mcpReply(req, big)
+		}
+		return mcpReply(req, `{"content":[{"type":"text","text":"true"}],"isError":false}`)
+	})
+	dev := w.nextKind(wire.DeviceOnline).Device
+
+	f := fault(t, rpc(t, e.nc, testTenant, dev, callBody("self.big", `{}`), 5*time.Second))
+	if f.Code != "PAYLOAD_TOO_LARGE" || !strings.Contains(f.Message, "limit of 4096 bytes") {
+		t.Fatalf("oversized result: %+v", f)
+	}
+	if r := decodeResponse(t, rpc(t, e.nc, testTenant, dev, callBody("self.small", `{}`), 5*time.Second)); r.Result == nil {
+		t.Fatalf("call after the refusal: %+v", r)
+	}
+}

@@ -17,8 +17,18 @@ const (
 	OutcomeRejected = "rejected" // refused before any policy question: bad params, unknown or offline node, undeclared command
 )
 
-// InvokeAudit describes one node.invoke.
+// InvokeAudit describes one node.invoke: its attempt (Attempt set, no
+// Outcome yet) or its outcome.
 type InvokeAudit struct {
+	// CallID is the same in a call's attempt and outcome records and
+	// differs between calls (16 hex digits).
+	CallID string
+	// Attempt marks the record of an allowed call about to be sent to its
+	// node; Outcome, ErrorCode and Replayed are then unset.
+	Attempt bool
+	// Sent marks the outcome of a call that was sent to its node (its
+	// attempt is on record): the gateway does not wait on this record.
+	Sent      bool
 	Time      time.Time // when the request arrived
 	Instance  string    // gateway replica
 	RequestID string    // the operator's request id
@@ -53,11 +63,16 @@ type InvokeAudit struct {
 // ViaMCP marks an InvokeAudit of a call made through the MCP endpoint.
 const ViaMCP = "mcp"
 
-// Auditor is told about every node.invoke once, just before the operator
-// gets the answer. It runs on the invoke path: keep it fast (enqueue, do not
-// write to a database inline). An error means the call could not be
-// recorded: the gateway then answers UNAVAILABLE "audit unavailable: …"
-// instead of the result (fail closed).
+// Auditor records node.invoke calls. A call the gateway sends to its node
+// is recorded twice: its attempt, after the policy allowed it and before it
+// is sent (an error refuses the call with UNAVAILABLE "audit unavailable:
+// …", so the node never acts unrecorded), and its outcome (Sent set), after
+// the operator has the answer (an error is logged and the answer stands:
+// the attempt is on record; the Auditor may store this one asynchronously).
+// A call that never reaches the node (refused, denied, replayed) is
+// recorded once, with its outcome, before the answer, which an error
+// replaces with UNAVAILABLE (fail closed). AuditInvoke runs on the call's
+// goroutine, never on a connection's read loop.
 type Auditor interface {
 	AuditInvoke(ctx context.Context, a InvokeAudit) error
 }

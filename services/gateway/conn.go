@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -58,9 +59,28 @@ type conn struct {
 	token     string // the credential, to re-check it when the tenancy changes
 	nodeID    string // role node: the device id
 	nodeHost  *nodeHost
-	inflight  atomic.Int64
+	inflight  atomic.Int64 // requests running off the read loop (admit)
 
-	unauthorizedStreak int // read loop only
+	unauthorizedStreak int  // read loop only
+	slotHeld           bool // counted in perToken and perTenant (under s.mu)
+}
+
+// takeConnSlot counts an authenticated connection against the caps of its
+// token and tenant on this replica, or returns the refusal.
+func (s *Service) takeConnSlot(c *conn) *protocol.Error {
+	p := c.principal
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case s.perToken[p.ID] >= s.cfg.MaxConnsPerToken:
+		return protocol.TooManyConnections("token", s.cfg.MaxConnsPerToken)
+	case s.perTenant[p.Tenant] >= s.cfg.MaxConnsPerTenant:
+		return protocol.TooManyConnections("tenant", s.cfg.MaxConnsPerTenant)
+	}
+	s.perToken[p.ID]++
+	s.perTenant[p.Tenant]++
+	c.slotHeld = true
+	return nil
 }
 
 // serveWebSocket accepts a client and runs its read loop.
@@ -81,9 +101,9 @@ func (s *Service) serveWebSocket(w http.ResponseWriter, r *http.Request) {
 		s.log.Debug("websocket accept", "err", err)
 		return
 	}
-	// The pre-auth cap is enforced by the read loop with OpenClaw's close
-	// reason; the library limit is the post-hello cap.
-	ws.SetReadLimit(s.cfg.MaxPayload)
+	// The read loop enforces both caps (pre-auth and MaxPayload) with a
+	// close reason that names them; the library limit is a backstop.
+	ws.SetReadLimit(s.cfg.MaxPayload + 1)
 	host := authguard.ClientAddr(r, s.cfg.TrustedProxies)
 	ip := net.ParseIP(host)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -116,7 +136,7 @@ func (s *Service) serveWebSocket(w http.ResponseWriter, r *http.Request) {
 	handshake := time.AfterFunc(s.cfg.HandshakeTimeout, func() {
 		if !c.helloDone.Load() {
 			s.log.Debug("handshake timeout", "conn", c.id, "remote", c.remoteIP)
-			c.closeWith(protocol.CloseNoStatus, "")
+			c.closeWith(protocol.ClosePolicyViolation, protocol.ReasonHandshakeTimeout+": no connect within "+s.cfg.HandshakeTimeout.String())
 		}
 	})
 	c.readLoop()
@@ -142,9 +162,16 @@ func (c *conn) readLoop() {
 			if err != nil {
 				return
 			}
-		} else if _, err := buf.ReadFrom(r); err != nil {
-			// Over MaxPayload the library has closed the socket with 1009.
-			return
+		} else {
+			n, err := buf.ReadFrom(io.LimitReader(r, c.s.cfg.MaxPayload+1))
+			if n > c.s.cfg.MaxPayload {
+				c.s.log.Info("closing connection: frame over maxPayload", "conn", c.id, "remote", c.remoteIP)
+				c.closeWith(protocol.CloseTooBig, protocol.ReasonPayloadTooLarge+": frame over "+strconv.FormatInt(c.s.cfg.MaxPayload, 10)+" bytes (policy.maxPayload)")
+				return
+			}
+			if err != nil {
+				return
+			}
 		}
 		c.handleFrame(buf.Bytes())
 		if buf.Cap() > 1<<20 {
@@ -171,6 +198,16 @@ func (c *conn) finish() {
 	s := c.s
 	s.mu.Lock()
 	delete(s.conns, c)
+	if c.slotHeld {
+		s.perToken[c.principal.ID]--
+		if s.perToken[c.principal.ID] == 0 {
+			delete(s.perToken, c.principal.ID)
+		}
+		s.perTenant[c.principal.Tenant]--
+		if s.perTenant[c.principal.Tenant] == 0 {
+			delete(s.perTenant, c.principal.Tenant)
+		}
+	}
 	if c.role == protocol.RoleOperator && c.helloDone.Load() {
 		if set := s.operators[c.principal.Tenant]; set != nil {
 			delete(set, c)
@@ -272,6 +309,43 @@ func truncateUTF8(s string, n int) string {
 		n--
 	}
 	return s[:n]
+}
+
+// admit counts a request that runs off the read loop (node.invoke, and the
+// listings, which ask the policy) against the connection's requests in
+// flight; the request's goroutine gives it back with inflight.Add(-1). At
+// MaxInflightPerConn a request is still taken, to be refused (overCap); a
+// client that keeps sending at twice the cap is closed, which bounds what
+// one connection can make the gateway hold. ok is false when the
+// connection is being closed.
+func (c *conn) admit() (overCap, ok bool) {
+	max := int64(c.s.cfg.MaxInflightPerConn)
+	n := c.inflight.Add(1)
+	if n > 2*max {
+		c.inflight.Add(-1)
+		c.s.log.Info("closing connection: too many requests in flight", "conn", c.id, "remote", c.remoteIP)
+		c.closeWith(protocol.ClosePolicyViolation, protocol.ReasonTooManyInflight)
+		return false, false
+	}
+	return n > max, true
+}
+
+// goHandle runs a handler that may wait on another service (the policy
+// store) on a goroutine, so the read loop stays free for the next frame.
+func (c *conn) goHandle(handle func(*conn, protocol.Request), req protocol.Request) {
+	overCap, ok := c.admit()
+	if !ok {
+		return
+	}
+	if overCap {
+		c.inflight.Add(-1)
+		c.respondError(req.ID, protocol.Unavailable("too many requests in flight on this connection", true))
+		return
+	}
+	c.s.workers.Go(func() {
+		defer c.inflight.Add(-1)
+		handle(c, req)
+	})
 }
 
 // respond queues a successful response.

@@ -40,6 +40,16 @@ import (
 	"github.com/xiaoclaw/xiaoclaw/services/gateway/mcpserver"
 )
 
+// Default limits (Config).
+const (
+	DefaultMaxPayload        = 1 << 20
+	DefaultMaxInvokeParams   = 128 << 10
+	DefaultMaxConnsPerToken  = 64
+	DefaultMaxConnsPerTenant = 512
+	// DefaultMaxInflightPerConn caps the requests in flight per connection.
+	DefaultMaxInflightPerConn = 1024
+)
+
 // Config configures a gateway. Zero values take the documented defaults.
 type Config struct {
 	// Addr is the listen address of the WebSocket endpoint ("/") and of
@@ -88,8 +98,22 @@ type Config struct {
 	// TickInterval is how often tick events are sent (advertised as
 	// policy.tickIntervalMs). Default 30 s.
 	TickInterval time.Duration
-	// MaxPayload caps a frame after hello (policy.maxPayload). Default 25 MiB.
+	// MaxPayload caps a frame after hello, advertised as policy.maxPayload;
+	// a larger frame closes the socket with 1009 "payload too large: …".
+	// Default 1 MiB (OpenClaw's 25 MiB let any viewer make the gateway
+	// buffer that much per connection).
 	MaxPayload int64
+	// MaxInvokeParams caps node.invoke params (a tool call's name and
+	// arguments) in bytes; a larger call is refused with INVALID_REQUEST,
+	// details.code PAYLOAD_TOO_LARGE. Default 128 KiB, the shim's and the
+	// devicehub's limit too.
+	MaxInvokeParams int
+	// MaxConnsPerToken and MaxConnsPerTenant cap the connections (operators
+	// and node hosts) open on this replica with one token and for one
+	// tenant; connect beyond them is refused with UNAVAILABLE, details.code
+	// TOO_MANY_CONNECTIONS, and close 1008. Default 64 and 512.
+	MaxConnsPerToken  int
+	MaxConnsPerTenant int
 	// MaxBufferedBytes closes a connection whose unsent frames exceed it
 	// (policy.maxBufferedBytes). Default 50 MiB.
 	MaxBufferedBytes int64
@@ -98,8 +122,11 @@ type Config struct {
 	DefaultInvokeTimeout time.Duration
 	// MaxInvokeTimeout caps any node.invoke timeout. Default 300 s.
 	MaxInvokeTimeout time.Duration
-	// MaxInflightPerConn caps concurrent node.invoke calls per operator
-	// connection. Default 1024.
+	// MaxInflightPerConn caps the requests a connection has running off
+	// its read loop (node.invoke, node.list, node.describe,
+	// node.pair.list); more are refused with UNAVAILABLE, and a connection
+	// that reaches twice the cap is closed with 1008 "too many requests in
+	// flight". Default 1024.
 	MaxInflightPerConn int
 	// IdempotencyTTL is how long an idempotency key is remembered.
 	// Default 5 min. It sets the bucket's TTL.
@@ -160,13 +187,22 @@ func (c *Config) setDefaults() {
 	def(&c.IdempotencyTTL, 5*time.Minute)
 	def(&c.ShutdownGrace, 5*time.Second)
 	if c.MaxPayload == 0 {
-		c.MaxPayload = 25 << 20
+		c.MaxPayload = DefaultMaxPayload
+	}
+	if c.MaxInvokeParams == 0 {
+		c.MaxInvokeParams = DefaultMaxInvokeParams
+	}
+	if c.MaxConnsPerToken == 0 {
+		c.MaxConnsPerToken = DefaultMaxConnsPerToken
+	}
+	if c.MaxConnsPerTenant == 0 {
+		c.MaxConnsPerTenant = DefaultMaxConnsPerTenant
 	}
 	if c.MaxBufferedBytes == 0 {
 		c.MaxBufferedBytes = 50 << 20
 	}
 	if c.MaxInflightPerConn == 0 {
-		c.MaxInflightPerConn = 1024
+		c.MaxInflightPerConn = DefaultMaxInflightPerConn
 	}
 }
 
@@ -191,8 +227,11 @@ func (c Config) Validate() error {
 	if c.MaxPayload < 0 || (c.MaxPayload > 0 && c.MaxPayload < protocol.MaxPreauthPayload) {
 		errs = append(errs, fmt.Errorf("MaxPayload must be at least %d bytes", protocol.MaxPreauthPayload))
 	}
-	if c.MaxBufferedBytes < 0 || c.MaxInflightPerConn < 0 || c.IdempotencyReplicas < 0 || c.IdempotencyReplicas > 5 {
-		errs = append(errs, errors.New("MaxBufferedBytes and MaxInflightPerConn must not be negative, IdempotencyReplicas must be 0-5"))
+	if c.MaxBufferedBytes < 0 || c.MaxInflightPerConn < 0 || c.MaxInvokeParams < 0 || c.MaxConnsPerToken < 0 || c.MaxConnsPerTenant < 0 {
+		errs = append(errs, errors.New("MaxBufferedBytes, MaxInflightPerConn, MaxInvokeParams, MaxConnsPerToken and MaxConnsPerTenant must not be negative"))
+	}
+	if c.IdempotencyReplicas < 0 || c.IdempotencyReplicas > 5 {
+		errs = append(errs, errors.New("IdempotencyReplicas must be 0-5"))
 	}
 	if c.IdempotencyTTL > 0 && c.IdempotencyTTL < time.Second {
 		errs = append(errs, errors.New("IdempotencyTTL must be at least 1s"))
@@ -221,6 +260,8 @@ type Service struct {
 	conns     map[*conn]struct{}
 	operators map[string]map[*conn]struct{} // tenant → operator connections after hello
 	nodeHosts map[string]*conn              // registry key → the node host held here
+	perToken  map[string]int                // open connections after hello by token id
+	perTenant map[string]int                // open connections after hello by tenant
 
 	connWG     sync.WaitGroup // open sockets
 	inflightWG sync.WaitGroup // node.invoke calls in progress
@@ -266,6 +307,8 @@ func New(cfg Config, nc *nats.Conn, log *slog.Logger) (*Service, error) {
 		conns:     map[*conn]struct{}{},
 		operators: map[string]map[*conn]struct{}{},
 		nodeHosts: map[string]*conn{},
+		perToken:  map[string]int{},
+		perTenant: map[string]int{},
 		workers:   gopool.New(0),
 	}
 	s.tracer = cfg.TracerProvider.Tracer(telemetry.ScopeName)

@@ -202,6 +202,11 @@ func (c *conn) handleConnect(req protocol.Request) {
 		granted, set = grantScopes(principal.Role, scopes)
 	}
 	c.protocol, c.role, c.principal, c.scopes, c.token = proto, role, principal, set, token
+	if e := c.s.takeConnSlot(c); e != nil {
+		c.s.log.Info("connect refused: connection cap", "conn", c.id, "tenant", principal.Tenant, "principal", principal.ID)
+		refuse(e, protocol.ClosePolicyViolation, e.Message)
+		return
+	}
 
 	hello := c.s.hello(c, granted)
 	if role == protocol.RoleOperator {

@@ -140,7 +140,7 @@ func TestCapturedCLIConnectV4GetsHelloOK(t *testing.T) {
 		t.Fatalf("snapshot %v", snap)
 	}
 	policy := hello["policy"].(map[string]any)
-	if policy["maxPayload"] != 26214400.0 || policy["maxBufferedBytes"] != 52428800.0 || policy["tickIntervalMs"] != 30000.0 {
+	if policy["maxPayload"] != 1048576.0 || policy["maxBufferedBytes"] != 52428800.0 || policy["tickIntervalMs"] != 30000.0 {
 		t.Fatalf("policy %v", policy)
 	}
 	methods := toStrings(hello["features"].(map[string]any)["methods"])
@@ -484,9 +484,9 @@ func TestPreauthFrameRules(t *testing.T) {
 	t.Run("handshake timeout", func(t *testing.T) {
 		c, _ := gwtest.Dial(ctxT(t), gw.URL())
 		defer c.CloseNow()
-		// OpenClaw closes without a status code: the peer sees 1005.
-		if code, _, _ := c.CloseStatus(waitFor); code != websocket.StatusNoStatusRcvd {
-			t.Fatalf("closed with %d", code)
+		// OpenClaw closes without a status code (1005); the reason says why.
+		if code, reason, _ := c.CloseStatus(waitFor); code != 1008 || reason != "handshake timeout: no connect within 300ms" {
+			t.Fatalf("closed with %d %q", code, reason)
 		}
 	})
 }

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"strconv"
-	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -21,19 +20,24 @@ import (
 
 // invokeOrigin is who asked for a node.invoke: an operator's WebSocket
 // connection or an MCP session (mcp.go). From Service.invoke on, both take
-// one path: params, node, declared command, tool-call parser, policy,
-// in-flight cap, idempotency, audit, tracing and the NATS request.
+// one path: params, size cap, node, declared command, tool-call parser,
+// policy, in-flight cap, idempotency, attempt and outcome audit, tracing
+// and the NATS request.
 type invokeOrigin struct {
 	principal   access.Principal
 	protocol    int             // WebSocket protocol version (the shape of a denial)
 	ctx         context.Context // parent of the call's span
 	requestID   string
 	traceparent string
-	via         string        // the audit's Via: "" (WebSocket) or ViaMCP
-	client      string        // the MCP client's name/version, for the audit
-	inflight    *atomic.Int64 // the origin's calls in flight, capped by MaxInflightPerConn
-	// answer is called once per call: with the result payload, or with
-	// the error (e != nil).
+	via         string // the audit's Via: "" (WebSocket) or ViaMCP
+	client      string // the MCP client's name/version, for the audit
+	// admit counts the call against the origin's requests in flight:
+	// overCap past its cap (the call is refused), !ok when the origin is
+	// gone (the call is dropped unanswered). release undoes it.
+	admit   func() (overCap, ok bool)
+	release func()
+	// answer is called once per admitted call: with the result payload,
+	// or with the error (e != nil).
 	answer func(result []byte, e *protocol.Error)
 }
 
@@ -46,6 +50,8 @@ type invokeCall struct {
 	subject  string
 	body     []byte
 	deadline time.Time
+	areq     access.Request // the policy question, asked on the call's goroutine
+	overCap  bool           // the connection had MaxInflightPerConn calls in flight
 	audit    InvokeAudit
 	// ctx carries span, the call's node.invoke span.
 	ctx  context.Context
@@ -55,7 +61,8 @@ type invokeCall struct {
 // handleNodeInvoke answers node.invoke on the connection.
 func (c *conn) handleNodeInvoke(req protocol.Request) {
 	c.s.invoke(&invokeOrigin{principal: c.principal, protocol: c.protocol, ctx: c.ctx, requestID: req.ID,
-		traceparent: req.Traceparent, inflight: &c.inflight, answer: func(result []byte, e *protocol.Error) {
+		traceparent: req.Traceparent, admit: c.admit, release: func() { c.inflight.Add(-1) },
+		answer: func(result []byte, e *protocol.Error) {
 			if e != nil {
 				c.send(protocol.AppendErrorResponse(nil, req.ID, e))
 				return
@@ -64,13 +71,19 @@ func (c *conn) handleNodeInvoke(req protocol.Request) {
 		}}, req.Params)
 }
 
-// invoke runs the checks that need no network (params, node, declared
-// command, policy) on the caller's goroutine, then hands the call to a
-// goroutine for the idempotency claim and the NATS request.
+// invoke runs the checks that need neither network nor storage (params,
+// node, declared command) on the caller's goroutine (a connection's read
+// loop), then hands the call to a goroutine: the policy decision (which
+// may load the tenant's policy), the audit records, the idempotency claim
+// and the NATS request all wait on other services, and the read loop must
+// stay free for the next frame.
 func (s *Service) invoke(o *invokeOrigin, params json.RawMessage) {
 	call := &invokeCall{s: s, o: o}
+	if !call.admit() {
+		return
+	}
 	call.audit = InvokeAudit{Time: time.Now(), Instance: s.cfg.Instance, RequestID: o.requestID, Principal: o.principal,
-		Via: o.via, Client: o.client}
+		CallID: newID(), Via: o.via, Client: o.client}
 	call.ctx, call.span = telemetry.StartOperatorRequest(o.ctx, s.tracer, protocol.MethodNodeInvoke, o.traceparent,
 		telemetry.CallInfo{Tenant: o.principal.Tenant, Principal: o.principal.ID})
 	call.audit.TraceID, call.audit.SpanID = telemetry.TraceIDs(call.ctx)
@@ -81,6 +94,10 @@ func (s *Service) invoke(o *invokeOrigin, params json.RawMessage) {
 	}
 	call.inv = inv
 	call.audit.NodeID, call.audit.Command, call.audit.IdempotencyKey = inv.NodeID, inv.Command, inv.IdempotencyKey
+	if len(inv.Params) > s.cfg.MaxInvokeParams {
+		call.reject(protocol.PayloadTooLarge(len(inv.Params), s.cfg.MaxInvokeParams), OutcomeRejected)
+		return
+	}
 	if protocol.IsExecApprovalsCommand(inv.Command) {
 		call.reject(protocol.ExecApprovalsNotInvokable(inv.Command), OutcomeRejected)
 		return
@@ -118,22 +135,7 @@ func (s *Service) invoke(o *invokeOrigin, params json.RawMessage) {
 		call.audit.Tool, call.audit.Args = tc.Tool, tc.Arguments
 	}
 	call.span.AddInfo(telemetry.CallInfo{Node: n.NodeID, Command: inv.Command, Tool: areq.Tool})
-	dec := s.cfg.Authorizer.Authorize(call.ctx, areq)
-	call.audit.Decision = dec
-	if dec.Allowed {
-		s.metrics.allowed.Inc()
-	} else {
-		s.metrics.denied.Inc()
-		call.span.SetDenyingRule(dec.RuleID)
-	}
-	if !dec.Allowed {
-		call.reject(protocol.PolicyDenied(o.protocol, inv.Command, areq.Tool, dec.RuleID, dec.Reason), OutcomeDenied)
-		return
-	}
-	if o.inflight.Load() >= int64(s.cfg.MaxInflightPerConn) {
-		call.reject(protocol.Unavailable("too many node.invoke calls in flight on this connection", true), OutcomeRejected)
-		return
-	}
+	call.areq = areq
 
 	timeout := s.cfg.DefaultInvokeTimeout
 	if inv.TimeoutMs > 0 {
@@ -147,18 +149,36 @@ func (s *Service) invoke(o *invokeOrigin, params json.RawMessage) {
 		call.subject = wire.NodeInvoke(n.Tenant)
 	}
 	call.body = encodeInvokeRequest(&inv)
+	s.workers.Go(call.run)
+}
 
+// admit counts the call against the origin's requests in flight
+// (conn.admit for a connection) and the gateway's shutdown wait; the call's
+// goroutine releases both. It reports whether the call goes on.
+func (call *invokeCall) admit() bool {
+	o, s := call.o, call.s
+	overCap, ok := o.admit()
+	if !ok {
+		return false
+	}
+	call.overCap = overCap
 	// Registering under the lock orders this Add before shutdown's Wait.
 	s.mu.RLock()
 	if s.draining.Load() {
 		s.mu.RUnlock()
-		call.reject(protocol.Unavailable("gateway shutting down; retry on another replica", true), OutcomeRejected)
-		return
+		o.release()
+		o.answer(nil, protocol.Unavailable("gateway shutting down; retry on another replica", true))
+		return false
 	}
 	s.inflightWG.Add(1)
 	s.mu.RUnlock()
-	o.inflight.Add(1)
-	s.workers.Go(call.run)
+	return true
+}
+
+// release ends what admit began.
+func (call *invokeCall) release() {
+	call.o.release()
+	call.s.inflightWG.Done()
 }
 
 // encodeInvokeRequest builds a wire.InvokeRequest without re-validating the
@@ -180,31 +200,63 @@ func encodeInvokeRequest(inv *protocol.NodeInvoke) []byte {
 	return append(b, '}')
 }
 
-// run claims the idempotency key, sends the request and answers.
+// run asks the policy, claims the idempotency key, records the attempt,
+// sends the request and answers.
 func (call *invokeCall) run() {
-	s := call.s
-	defer s.inflightWG.Done()
-	defer call.o.inflight.Add(-1)
+	o, s := call.o, call.s
+	defer call.release()
+	dec := s.cfg.Authorizer.Authorize(call.ctx, call.areq)
+	call.audit.Decision = dec
+	if dec.Allowed {
+		s.metrics.allowed.Inc()
+	} else {
+		s.metrics.denied.Inc()
+		call.span.SetDenyingRule(dec.RuleID)
+	}
+	if !dec.Allowed {
+		call.refuse(protocol.PolicyDenied(o.protocol, call.inv.Command, call.areq.Tool, dec.RuleID, dec.Reason), OutcomeDenied)
+		return
+	}
+	if call.overCap {
+		call.refuse(protocol.Unavailable("too many node.invoke calls in flight on this connection or session", true), OutcomeRejected)
+		return
+	}
 	ctx, cancel := context.WithDeadline(s.runCtx, call.deadline)
 	defer cancel()
 
 	fp := idempotency.Fingerprint(call.inv.NodeID, call.inv.Command, call.inv.Params)
-	claim, prior, err := s.idem.Begin(ctx, idempotency.Key(call.o.principal.Tenant, call.inv.IdempotencyKey), fp, s.cfg.Instance)
+	claim, prior, err := s.idem.Begin(ctx, idempotency.Key(o.principal.Tenant, call.inv.IdempotencyKey), fp, s.cfg.Instance)
 	switch {
 	case errors.Is(err, idempotency.ErrConflict):
-		call.reject(protocol.IdempotencyConflict(), OutcomeRejected)
+		call.refuse(protocol.IdempotencyConflict(), OutcomeRejected)
 		return
 	case err != nil && ctx.Err() != nil:
-		call.reject(protocol.InvokeTimedOut(false), OutcomeTimeout)
+		call.refuse(protocol.InvokeTimedOut(false), OutcomeTimeout)
 		return
 	case err != nil:
 		s.log.Warn("idempotency store", "err", err)
-		call.reject(protocol.Unavailable("idempotency store unavailable; retry", true), OutcomeError)
+		call.refuse(protocol.Unavailable("idempotency store unavailable; retry", true), OutcomeError)
 		return
 	case prior != nil:
 		call.replay(prior)
 		return
 	}
+
+	// Fail closed before the node acts: a call the trail does not hold is
+	// never sent.
+	attempt := call.audit
+	attempt.Attempt = true
+	attempt.Latency = time.Since(call.audit.Time)
+	if err := s.cfg.Auditor.AuditInvoke(ctx, attempt); err != nil {
+		s.log.WarnContext(call.ctx, "node.invoke not audited", "request", o.requestID, "err", err)
+		if err := s.idem.Abandon(claim); err != nil {
+			s.log.Warn("idempotency record", "err", err)
+		}
+		o.answer(nil, protocol.Unavailable("audit unavailable: "+err.Error(), true))
+		call.finish(OutcomeError, wire.FaultUnavailable, err)
+		return
+	}
+	call.audit.Sent = true
 
 	// The subject names the tenant; the deadline and the trace context are
 	// all the headers a call needs.
@@ -245,13 +297,18 @@ func (call *invokeCall) run() {
 	}
 
 	var result []byte
+	code := ""
 	if perr == nil {
 		result = invokeOKPayload(call.inv.NodeID, call.inv.Command, payload)
-		call.answer(result, nil, outcome)
+		o.answer(result, nil)
 	} else {
 		result = protocol.AppendError(nil, perr)
-		call.answer(nil, perr, outcome)
+		code = errorCode(perr)
+		o.answer(nil, perr)
 	}
+	call.audit.Outcome, call.audit.ErrorCode = outcome, code
+	call.audit.Latency = time.Since(call.audit.Time)
+	call.finish(outcome, code, nil)
 
 	// The answer is out; record the outcome for retries with the same key.
 	if keep {
@@ -262,28 +319,44 @@ func (call *invokeCall) run() {
 	if err != nil {
 		s.log.Warn("idempotency record", "err", err)
 	}
+
+	// The node has acted and its attempt is on record: the answer stands
+	// whatever becomes of the outcome record.
+	if err := s.cfg.Auditor.AuditInvoke(context.WithoutCancel(call.ctx), call.audit); err != nil {
+		s.log.WarnContext(call.ctx, "node.invoke outcome not audited; its attempt is", "request", o.requestID, "outcome", outcome, "err", err)
+	}
 }
 
 // replay answers with the outcome of an earlier call with the same key.
 func (call *invokeCall) replay(prior *idempotency.Record) {
 	call.audit.Replayed = true
 	if prior.OK {
-		call.answer(prior.Result, nil, OutcomeOK)
+		call.answerAudited(prior.Result, nil, OutcomeOK)
 		return
 	}
 	var e protocol.Error
-	_ = json.Unmarshal(prior.Result, &e) // written by AppendError: re-encodes to the same bytes
-	call.answer(nil, &e, OutcomeError)
+	_ = json.Unmarshal(prior.Result, &e) // written by AppendError: encodes back to the same bytes
+	call.answerAudited(nil, &e, OutcomeError)
 }
 
-// reject answers a call refused before (or instead of) reaching the node.
+// reject refuses a call from the read loop: its goroutine records the
+// refusal and answers.
 func (call *invokeCall) reject(e *protocol.Error, outcome string) {
-	call.answer(nil, e, outcome)
+	call.s.workers.Go(func() {
+		defer call.release()
+		call.refuse(e, outcome)
+	})
 }
 
-// answer audits the call, answers its origin, and ends its span and
-// metrics.
-func (call *invokeCall) answer(result []byte, e *protocol.Error, outcome string) {
+// refuse answers a call refused before (or instead of) reaching the node.
+func (call *invokeCall) refuse(e *protocol.Error, outcome string) {
+	call.answerAudited(nil, e, outcome)
+}
+
+// answerAudited answers a call that never reached the node (refused or
+// replayed): its one audit record first, then the answer. Fail closed: no
+// answer the audit trail does not hold.
+func (call *invokeCall) answerAudited(result []byte, e *protocol.Error, outcome string) {
 	s := call.s
 	code := ""
 	if e != nil {
@@ -293,13 +366,17 @@ func (call *invokeCall) answer(result []byte, e *protocol.Error, outcome string)
 	call.audit.Latency = time.Since(call.audit.Time)
 	var failure error
 	if err := s.cfg.Auditor.AuditInvoke(call.ctx, call.audit); err != nil {
-		// Fail closed: no answer the audit trail does not hold.
 		s.log.WarnContext(call.ctx, "node.invoke not audited", "request", call.o.requestID, "err", err)
 		result, e = nil, protocol.Unavailable("audit unavailable: "+err.Error(), true)
 		outcome, code, failure = OutcomeError, wire.FaultUnavailable, err
 	}
 	call.o.answer(result, e)
+	call.finish(outcome, code, failure)
+}
 
+// finish ends the call's span and metrics once its answer is sent.
+func (call *invokeCall) finish(outcome, code string, failure error) {
+	s := call.s
 	tcode := traceCode(outcome, code)
 	s.metrics.hopInvoke.Observe(time.Since(call.audit.Time).Seconds())
 	call.span.End(tcode, failure)

@@ -41,7 +41,7 @@ func (s *Service) newMCPServer() (*mcpserver.Server, error) {
 	return mcpserver.New(mcpserver.Config{
 		Auth: s.cfg.Auth, Authorizer: s.cfg.Authorizer, Nodes: registryView{s}, Invoker: mcpInvoker{s},
 		Groups: groups, Throttle: mcpThrottle{s}, Version: s.cfg.Version, PageSize: s.cfg.MCP.PageSize,
-		SessionTimeout: s.cfg.MCP.SessionTimeout, NotifyDelay: s.cfg.MCP.NotifyDelay, Log: s.log,
+		SessionTimeout: s.cfg.MCP.SessionTimeout, MaxRequestBytes: s.cfg.MaxPayload, NotifyDelay: s.cfg.MCP.NotifyDelay, Log: s.log,
 	})
 }
 
@@ -104,7 +104,11 @@ func (m mcpInvoker) InvokeTool(ctx context.Context, tc mcpserver.ToolCall) mcpse
 	params = append(params, '}')
 	result, e := m.s.invokeFor(ctx, invokeOrigin{
 		principal: tc.Principal, via: ViaMCP, client: tc.Client, requestID: "mcp-" + tc.SessionID,
-		traceparent: tc.Traceparent, inflight: tc.Inflight,
+		traceparent: tc.Traceparent,
+		admit: func() (bool, bool) {
+			return tc.Inflight.Add(1) > int64(m.s.cfg.MaxInflightPerConn), true
+		},
+		release: func() { tc.Inflight.Add(-1) },
 	}, protocol.NodeInvoke{NodeID: tc.NodeID, Command: toolcall.CommandCall, Params: params, IdempotencyKey: tc.IdempotencyKey})
 	if e != nil {
 		return mcpserver.ToolResult{Err: toolCallError(tc.NodeID, e)}

@@ -44,6 +44,14 @@ var methods = map[string]method{
 	protocol.MethodNodeRunnerInventoryUpdate: {roleNode, "", (*conn).handleNodeSurfaceUpdate},
 }
 
+// offLoop lists the methods handled on a goroutine of their own
+// (conn.goHandle) rather than on the read loop: they ask the Authorizer,
+// which may load a tenant's policy from its store. node.invoke hands itself
+// over after its local checks.
+var offLoop = map[string]bool{
+	protocol.MethodNodeList: true, protocol.MethodNodeDescribe: true, protocol.MethodNodePairList: true,
+}
+
 // methodNames and eventNames are advertised in hello-ok.features.
 var (
 	methodNames = []string{
@@ -109,6 +117,10 @@ func (c *conn) handleFrame(data []byte) {
 	}
 	if c.s.draining.Load() && req.Method == protocol.MethodNodeInvoke {
 		c.respondError(req.ID, protocol.Unavailable("gateway shutting down; retry on another replica", true))
+		return
+	}
+	if offLoop[req.Method] {
+		c.goHandle(m.handle, req)
 		return
 	}
 	m.handle(c, req)

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
 
@@ -182,15 +183,22 @@ func TestNodeListAndDescribeShowOnlyTheTenantsNodes(t *testing.T) {
 
 // recorder is a test Auditor.
 type recorder struct {
-	mu   sync.Mutex
-	all  []gateway.InvokeAudit
-	fail error // returned by AuditInvoke when set
+	mu       sync.Mutex
+	all      []gateway.InvokeAudit // outcome records
+	attempts []gateway.InvokeAudit // attempt records it accepted
+	fail     error                 // returned by AuditInvoke when set
 }
 
 func (r *recorder) AuditInvoke(_ context.Context, a gateway.InvokeAudit) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.all = append(r.all, a)
+	switch {
+	case r.fail != nil:
+	case a.Attempt:
+		r.attempts = append(r.attempts, a)
+	default:
+		r.all = append(r.all, a)
+	}
 	return r.fail
 }
 
@@ -200,10 +208,34 @@ func (r *recorder) failWith(err error) {
 	r.mu.Unlock()
 }
 
+// last is the outcome record of the call that arrived last, once every
+// accepted attempt has its outcome (a sent call's outcome is recorded after
+// its answer, so records need not come in the order of the calls).
 func (r *recorder) last() gateway.InvokeAudit {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.all[len(r.all)-1]
+	deadline := time.Now().Add(waitFor)
+	for {
+		r.mu.Lock()
+		done := map[string]bool{}
+		for _, a := range r.all {
+			done[a.CallID] = true
+		}
+		missing := false
+		for _, a := range r.attempts {
+			missing = missing || !done[a.CallID]
+		}
+		if !missing || time.Now().After(deadline) {
+			defer r.mu.Unlock()
+			newest := r.all[0]
+			for _, a := range r.all[1:] {
+				if a.Time.After(newest.Time) {
+					newest = a
+				}
+			}
+			return newest
+		}
+		r.mu.Unlock()
+		time.Sleep(5 * time.Millisecond)
+	}
 }
 
 func TestInvokeOutcomes(t *testing.T) {
@@ -373,15 +405,31 @@ func TestInvokeOutcomes(t *testing.T) {
 			t.Fatalf("got %+v", fe)
 		}
 	})
-	sub("an unaudited call fails closed", func(t *testing.T) {
+	sub("an unaudited call fails closed before the node acts", func(t *testing.T) {
+		n := sh.count()
 		audit.failWith(errors.New("stream full"))
 		defer audit.failWith(nil)
 		fe := failure(t, inv(node, "mcp.tools.call", map[string]any{"name": "self.audio_speaker.set_volume", "arguments": map[string]any{"volume": 5}}))
 		if fe.Code != "UNAVAILABLE" || fe.Message != "audit unavailable: stream full" {
 			t.Fatalf("got %s %q", fe.Code, fe.Message)
 		}
-		if a := audit.last(); a.Outcome != gateway.OutcomeOK {
-			t.Fatalf("audit %+v", a)
+		if sh.count() != n {
+			t.Fatal("the call reached the shim without an audit record")
+		}
+	})
+	sub("a sent call is recorded as attempt, then outcome", func(t *testing.T) {
+		f := inv(node, "mcp.tools.call", map[string]any{"name": "self.audio_speaker.set_volume", "arguments": map[string]any{"volume": 7}})
+		payload[map[string]any](t, f)
+		out := audit.last()
+		audit.mu.Lock()
+		att := audit.attempts[len(audit.attempts)-1]
+		audit.mu.Unlock()
+		if att.CallID != out.CallID || att.Outcome != "" || !att.Decision.Allowed || att.Tool != "self.audio_speaker.set_volume" ||
+			string(att.Args) != `{"volume":7}` || att.RequestID != out.RequestID || att.TraceID != out.TraceID {
+			t.Fatalf("attempt %+v, outcome %+v", att, out)
+		}
+		if out.Outcome != gateway.OutcomeOK || out.Attempt {
+			t.Fatalf("outcome %+v", out)
 		}
 	})
 }

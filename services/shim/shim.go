@@ -46,7 +46,7 @@ type Config struct {
 	// call fails with BUSY. Default 10000.
 	MaxInFlight int
 	// MaxRequestBytes bounds a node.invoke request; a larger one fails with
-	// TOO_LARGE. Default 128 KiB.
+	// PAYLOAD_TOO_LARGE. Default 128 KiB.
 	MaxRequestBytes int
 	// EventWorkers is how many device events are written to the registry in
 	// parallel (one device's events always go to the same worker, in order);

@@ -22,6 +22,7 @@ import (
 	"crypto/subtle"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"maps"
 	"net/http"
@@ -47,12 +48,22 @@ func InvokeAuditor(p *audit.Publisher) gateway.Auditor { return invokeAuditor{p}
 
 type invokeAuditor struct{ p *audit.Publisher }
 
-// AuditInvoke publishes a and waits for the stream's acknowledgement.
+// AuditInvoke publishes r and waits for the stream's acknowledgement, but
+// for the outcome of a call sent to its node: its attempt is on record, so
+// the outcome rides with the next message of its tenant (Publisher.Later).
 func (a invokeAuditor) AuditInvoke(ctx context.Context, r gateway.InvokeAudit) error {
+	if r.Sent && !r.Attempt {
+		a.p.Later(InvokeEvent(r))
+		return nil
+	}
 	return a.p.Publish(ctx, InvokeEvent(r))
 }
 
-// InvokeEvent converts the gateway's record of a node.invoke.
+// InvokeEvent converts the gateway's record of a node.invoke: an attempt
+// becomes a node.invoke.attempt event, an outcome the call's node.invoke
+// event. The outcome's id is the call's arrival time in ms (12 hex digits,
+// so ids sort as audit.NewID's do) and its CallID; the attempt's is
+// audit.AttemptID of it.
 func InvokeEvent(r gateway.InvokeAudit) audit.Event {
 	e := audit.Event{
 		Time: r.Time, Kind: audit.KindInvoke, Tenant: r.Principal.Tenant, Principal: r.Principal.ID,
@@ -77,6 +88,15 @@ func InvokeEvent(r gateway.InvokeAudit) audit.Event {
 		e.Decision = audit.DecisionAllow
 	case r.Outcome == gateway.OutcomeDenied:
 		e.Decision = audit.DecisionDeny
+	}
+	if r.CallID != "" {
+		e.ID = fmt.Sprintf("%012x%s", r.Time.UnixMilli(), r.CallID)
+	}
+	if r.Attempt {
+		e.Kind = audit.KindInvokeAttempt
+		if e.ID != "" {
+			e.ID = audit.AttemptID(e.ID)
+		}
 	}
 	return e
 }

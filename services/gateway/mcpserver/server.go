@@ -104,6 +104,9 @@ type Config struct {
 	PageSize int
 	// SessionTimeout ends a session idle for that long. Default 30 min.
 	SessionTimeout time.Duration
+	// MaxRequestBytes caps an HTTP request body; larger answers 413.
+	// Default 1 MiB.
+	MaxRequestBytes int64
 	// NotifyDelay collects the node changes of a tenant for that long
 	// before sessions hear tools/list_changed. Default 100 ms.
 	NotifyDelay time.Duration
@@ -141,6 +144,9 @@ func New(cfg Config) (*Server, error) {
 	if cfg.SessionTimeout <= 0 {
 		cfg.SessionTimeout = 30 * time.Minute
 	}
+	if cfg.MaxRequestBytes <= 0 {
+		cfg.MaxRequestBytes = 1 << 20
+	}
 	if cfg.NotifyDelay <= 0 {
 		cfg.NotifyDelay = 100 * time.Millisecond
 	}
@@ -157,6 +163,8 @@ func New(cfg Config) (*Server, error) {
 	s.sdk = mcp.NewStreamableHTTPHandler(s.getServer, &mcp.StreamableHTTPOptions{
 		SessionTimeout: cfg.SessionTimeout,
 		Logger:         s.log,
+		// Tool arguments are further capped by the invoke path.
+		MaxRequestBodyBytes: cfg.MaxRequestBytes,
 		// The gateway is reached by its clients under any host name; a
 		// bearer token is required for every request instead.
 		DisableLocalhostProtection: true,

@@ -83,6 +83,7 @@ func run(args []string) error {
 	notifyRate := fs.Float64("notify-rate", devicehub.DefaultNotifyRate, "notifications per second one device may send on average; more are dropped (negative: no limit)")
 	notifyBurst := fs.Int("notify-burst", devicehub.DefaultNotifyBurst, "notifications one device may send at once above its rate")
 	heartbeat := fs.Duration("heartbeat-interval", devicehub.DefaultHeartbeatInterval, "how often the hub tells the shims it is alive")
+	maxResult := fs.Int("max-result-bytes", devicehub.DefaultMaxResultBytes, "cap of one device call's result in bytes; a larger one fails with PAYLOAD_TOO_LARGE")
 	instance := fs.String("instance", host, "name of this replica in events and logs")
 	databaseURL := fs.String("database-url", "", "Postgres URL of the tenancy store: per-tenant HMAC device keys for authentication and OTA")
 	mqttAddr := fs.String("mqtt-addr", "", "listen address of the embedded MQTT broker for XiaoZhi MQTT devices (empty: no MQTT)")
@@ -155,7 +156,7 @@ func run(args []string) error {
 		MQTTAddr: *mqttAddr, UDPPublicHost: *udpHost,
 		OTA: devicehub.OTAConfig{Credentials: creds.minter, Activations: acts, AutoActivateTenant: *autoActivate,
 			WebSocketURL: *publicURL, MQTTEndpoint: *mqttEndpoint},
-		CallTimeout: *callTimeout, IdleTimeout: *idleTimeout, WithUserTools: *withUserTools, Version: version,
+		CallTimeout: *callTimeout, IdleTimeout: *idleTimeout, WithUserTools: *withUserTools, MaxResultBytes: *maxResult, Version: version,
 		NotifyRate: *notifyRate, NotifyBurst: *notifyBurst, HeartbeatInterval: *heartbeat,
 		TracerProvider: tp, Registerer: reg, AuthFailures: authFails, DeviceAuthFailures: deviceFails,
 	}, nc, log)

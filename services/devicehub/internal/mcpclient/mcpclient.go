@@ -25,7 +25,7 @@ const ProtocolVersion = "2024-11-05"
 // Sender writes one JSON-RPC message to the device. The transport wraps it
 // in its envelope and must be safe for concurrent use. A write error means
 // the session is unusable and the transport ends it, except a *wire.Fault,
-// which refuses that one message (e.g. TOO_LARGE) and leaves the session up.
+// which refuses that one message (e.g. PAYLOAD_TOO_LARGE) and leaves the session up.
 type Sender interface {
 	Send(payload []byte) error
 }
@@ -98,7 +98,7 @@ func (c *Client) CallWithID(ctx context.Context, method string, params json.RawM
 		}
 		var f *wire.Fault
 		if errors.As(err, &f) {
-			return nil, f // the transport refused this request only, e.g. TOO_LARGE
+			return nil, f // the transport refused this request only, e.g. PAYLOAD_TOO_LARGE
 		}
 		return nil, &wire.Fault{Code: wire.FaultDisconnected, Message: "could not write to the device: " + err.Error()}
 	}

@@ -54,6 +54,22 @@ func env(name, def string) string {
 	return def
 }
 
+// flagsFromEnv sets each named flag not given on the command line from
+// XIAOCLAW_<NAME> (upper case, "-" as "_"), when that is set.
+func flagsFromEnv(fs *flag.FlagSet, names ...string) error {
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	for _, name := range names {
+		key := strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
+		if v := env(key, ""); v != "" && !given[name] {
+			if err := fs.Set(name, v); err != nil {
+				return fmt.Errorf("XIAOCLAW_%s: %w", key, err)
+			}
+		}
+	}
+	return nil
+}
+
 func run(args []string) error {
 	host, _ := os.Hostname()
 	fs := flag.NewFlagSet("gateway", flag.ContinueOnError)
@@ -72,6 +88,11 @@ func run(args []string) error {
 	mcpIdle := fs.Duration("mcp-session-timeout", 30*time.Minute, "end an MCP session idle for this long")
 	idemTTL := fs.String("idempotency-ttl", env("IDEMPOTENCY_TTL", "5m"), "how long a node.invoke idempotency key is remembered (env XIAOCLAW_IDEMPOTENCY_TTL)")
 	idemReplicas := fs.String("idempotency-replicas", env("IDEMPOTENCY_REPLICAS", "1"), "replicas of the idempotency KV bucket in a NATS cluster; 3 in production (env XIAOCLAW_IDEMPOTENCY_REPLICAS)")
+	maxPayload := fs.Int64("max-payload", gateway.DefaultMaxPayload, "cap of one frame after hello in bytes, advertised as policy.maxPayload (env XIAOCLAW_MAX_PAYLOAD)")
+	maxParams := fs.Int("max-invoke-params", gateway.DefaultMaxInvokeParams, "cap of node.invoke params (a tool call's arguments) in bytes (env XIAOCLAW_MAX_INVOKE_PARAMS)")
+	maxPerToken := fs.Int("max-conns-per-token", gateway.DefaultMaxConnsPerToken, "cap of connections per token on this replica (env XIAOCLAW_MAX_CONNS_PER_TOKEN)")
+	maxPerTenant := fs.Int("max-conns-per-tenant", gateway.DefaultMaxConnsPerTenant, "cap of connections per tenant on this replica (env XIAOCLAW_MAX_CONNS_PER_TENANT)")
+	maxInflight := fs.Int("max-inflight-per-conn", gateway.DefaultMaxInflightPerConn, "cap of requests in flight per connection (env XIAOCLAW_MAX_INFLIGHT_PER_CONN)")
 	databaseURL := fs.String("database-url", env("DATABASE_URL", ""), "Postgres URL: tenants, operator tokens, policies, audit trail, admin API (env XIAOCLAW_DATABASE_URL)")
 	adminToken := fs.String("admin-token", env("ADMIN_TOKEN", ""), "global admin token of the admin API, at least 16 characters (env XIAOCLAW_ADMIN_TOKEN)")
 	jaegerURL := fs.String("jaeger-url", env("JAEGER_URL", ""), "Jaeger UI base URL the console at /ui/ links traces to (env XIAOCLAW_JAEGER_URL)")
@@ -84,6 +105,9 @@ func run(args []string) error {
 	var tokens tokenList
 	fs.Var(&tokens, "operator-token", "static operator token TENANT=TOKEN or TENANT:ROLE=TOKEN (role admin, operator or viewer; default admin); repeatable (env XIAOCLAW_OPERATOR_TOKEN, comma-separated)")
 	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if err := flagsFromEnv(fs, "max-payload", "max-invoke-params", "max-conns-per-token", "max-conns-per-tenant", "max-inflight-per-conn"); err != nil {
 		return err
 	}
 	if len(tokens) == 0 {
@@ -135,20 +159,24 @@ func run(args []string) error {
 	defer nc.Close()
 
 	cfg := gateway.Config{
-		Addr:             *addr,
-		Instance:         *instance,
-		Version:          "xiaoclaw-" + version,
-		Auth:             auth,
-		HandshakeTimeout: *handshake,
-		AuthFailures:     authFails,
-		TrustedProxies:   proxies,
-		MaxInvokeTimeout: *maxInvoke,
-		MCP:              gateway.MCPConfig{Disabled: !*mcpOn, PageSize: *mcpPage, SessionTimeout: *mcpIdle},
-		IdempotencyTTL:   ttl,
-
+		Addr:                *addr,
+		Instance:            *instance,
+		Version:             "xiaoclaw-" + version,
+		Auth:                auth,
+		HandshakeTimeout:    *handshake,
+		AuthFailures:        authFails,
+		TrustedProxies:      proxies,
+		MaxInvokeTimeout:    *maxInvoke,
+		MaxPayload:          *maxPayload,
+		MaxInvokeParams:     *maxParams,
+		MaxConnsPerToken:    *maxPerToken,
+		MaxConnsPerTenant:   *maxPerTenant,
+		MaxInflightPerConn:  *maxInflight,
+		IdempotencyTTL:      ttl,
 		IdempotencyReplicas: replicas,
 		TracerProvider:      tp,
 		Registerer:          reg,
+		MCP:                 gateway.MCPConfig{Disabled: !*mcpOn, PageSize: *mcpPage, SessionTimeout: *mcpIdle},
 	}
 	if !*noConsole {
 		if cfg.Console, err = console.New(console.Config{JaegerURL: *jaegerURL, Version: version}); err != nil {

@@ -2,6 +2,7 @@ package protocol
 
 import (
 	"encoding/json"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -331,4 +332,33 @@ func IdempotencyConflict() *Error {
 // Unavailable is a gateway-side failure (NATS down, shutting down).
 func Unavailable(msg string, retryable bool) *Error {
 	return &Error{Code: CodeUnavailable, Message: msg, Retryable: retryable}
+}
+
+// Codes of the size and connection limits (details.code). Oversized tool
+// calls and results carry the same code on every hop (wire.FaultTooLarge).
+const (
+	DetailPayloadTooLarge    = "PAYLOAD_TOO_LARGE"
+	DetailTooManyConnections = "TOO_MANY_CONNECTIONS"
+)
+
+// PayloadTooLarge refuses node.invoke params over the gateway's limit.
+func PayloadTooLarge(size, limit int) *Error {
+	return errorWith(CodeInvalidRequest, "node.invoke params of "+strconv.Itoa(size)+" bytes exceed the limit of "+strconv.Itoa(limit)+" bytes",
+		struct {
+			Code  string `json:"code"`
+			Limit int    `json:"limit"`
+		}{DetailPayloadTooLarge, limit})
+}
+
+// TooManyConnections refuses a connect over a connection cap; scope is
+// "token" or "tenant".
+func TooManyConnections(scope string, limit int) *Error {
+	e := errorWith(CodeUnavailable, "too many connections for this "+scope+" (at most "+strconv.Itoa(limit)+")",
+		struct {
+			Code  string `json:"code"`
+			Scope string `json:"scope"`
+			Limit int    `json:"limit"`
+		}{DetailTooManyConnections, scope, limit})
+	e.Retryable = true
+	return e
 }

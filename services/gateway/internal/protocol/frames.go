@@ -34,13 +34,13 @@ const (
 // WebSocket close codes and reasons OpenClaw uses.
 const (
 	CloseNormal          = 1000
-	CloseNoStatus        = 1005 // an empty close frame, as the handshake timeout sends
 	CloseProtocolError   = 1002
 	ClosePolicyViolation = 1008
 	CloseTooBig          = 1009
 	CloseServiceRestart  = 1012
 
 	ReasonPreauthTooLarge      = "preauth payload too large"
+	ReasonPayloadTooLarge      = "payload too large"
 	ReasonProtocolMismatch     = "protocol mismatch"
 	ReasonInvalidRole          = "invalid role"
 	ReasonServiceRestart       = "service restart"
@@ -48,6 +48,13 @@ const (
 	ReasonRepeatedUnauthorized = "repeated unauthorized calls"
 	ReasonDeviceRequired       = "device identity required"
 	ReasonReplaced             = "node replaced by a newer connection"
+	// ReasonHandshakeTimeout prefixes the close reason of a socket that
+	// did not complete connect in time (OpenClaw sends an empty close
+	// frame, which tells the client nothing).
+	ReasonHandshakeTimeout = "handshake timeout"
+	// ReasonTooManyInflight closes a connection that keeps sending
+	// requests at twice its in-flight cap.
+	ReasonTooManyInflight = "too many requests in flight"
 
 	// CloseAuthChanged closes a connection whose credential no longer
 	// holds (revoked token, suspended tenant), as OpenClaw does when its
