@@ -142,6 +142,13 @@ func TestMCPEndToEnd(t *testing.T) {
 		t.Errorf("a device error: %v %q, want isError with the device's message", err, resultText(res))
 	}
 
+	// Arguments over the invoke path's params cap are refused before the
+	// device, as a WebSocket node.invoke's.
+	res, err = cs.CallTool(ctx, &mcp.CallToolParams{Name: setVolume, Arguments: map[string]any{"volume": 1, "pad": strings.Repeat("x", 200<<10)}})
+	if err != nil || !res.IsError || !strings.Contains(resultText(res), "exceed the limit") || dev.Volume() != 35 {
+		t.Errorf("oversized arguments: %v %q, volume %d", err, resultText(res), dev.Volume())
+	}
+
 	// A second device joins, then leaves: the session hears both.
 	before := changed.Load()
 	dev2, err := tenantDevice(t, st, acme.id, 0, "02:0e:00:00:00:02")
