@@ -136,7 +136,24 @@ type tenantCatalog struct {
 	mu    sync.Mutex
 	gen   uint64 // bumped by every registry change of the tenant
 	snap  *snapshot
-	tools map[*registry.Node][]*deviceTool
+	tools map[*registry.Node]*nodeTools
+}
+
+// nodeTools is one registry revision of a node's catalog, decoded and
+// named (before collisions), kept across rebuilds while the node is.
+type nodeTools struct {
+	tools []*deviceTool
+	bases []string
+	long  []bool
+}
+
+func newNodeTools(n *registry.Node) *nodeTools {
+	nt := &nodeTools{tools: decodeTools(n)}
+	nt.bases, nt.long = make([]string, len(nt.tools)), make([]bool, len(nt.tools))
+	for i, dt := range nt.tools {
+		nt.bases[i], nt.long[i] = baseToolName(n.DisplayName, n.NodeID, dt.name)
+	}
+	return nt
 }
 
 // catalogs holds the tenants' catalogs.
@@ -156,7 +173,7 @@ func (c *catalogs) tenant(tenant string) *tenantCatalog {
 	defer c.mu.Unlock()
 	tc := c.tenants[tenant]
 	if tc == nil {
-		tc = &tenantCatalog{tools: map[*registry.Node][]*deviceTool{}}
+		tc = &tenantCatalog{tools: map[*registry.Node]*nodeTools{}}
 		c.tenants[tenant] = tc
 	}
 	return tc
@@ -198,20 +215,19 @@ func (tc *tenantCatalog) build(nodes []*registry.Node) *snapshot {
 	}
 	var cands []cand
 	count := map[string]int{}
-	tools := make(map[*registry.Node][]*deviceTool, len(nodes))
+	tools := make(map[*registry.Node]*nodeTools, len(nodes))
 	for _, n := range nodes {
 		if !hasTools(n) {
 			continue
 		}
-		dts, ok := tc.tools[n]
+		nt, ok := tc.tools[n]
 		if !ok {
-			dts = decodeTools(n)
+			nt = newNodeTools(n)
 		}
-		tools[n] = dts
-		for _, dt := range dts {
-			base, long := baseToolName(n.DisplayName, n.NodeID, dt.name)
-			cands = append(cands, cand{base, long, n, dt})
-			count[base]++
+		tools[n] = nt
+		for i, dt := range nt.tools {
+			cands = append(cands, cand{nt.bases[i], nt.long[i], n, dt})
+			count[nt.bases[i]]++
 		}
 	}
 	tc.tools = tools // drops the decoded tools of replaced nodes

@@ -42,13 +42,13 @@ func TestCatalogNamesUniqueAndStable(t *testing.T) {
 	for _, r := range recs {
 		nodes = append(nodes, registry.NewNode(device("acme", r.id, r.name, tools...), 1))
 	}
-	tc := &tenantCatalog{tools: map[*registry.Node][]*deviceTool{}}
+	tc := &tenantCatalog{tools: map[*registry.Node]*nodeTools{}}
 	a := tc.build(nodes)
 	reversed := make([]*registry.Node, len(nodes))
 	for i, n := range nodes {
 		reversed[len(nodes)-1-i] = n
 	}
-	b := (&tenantCatalog{tools: map[*registry.Node][]*deviceTool{}}).build(reversed)
+	b := (&tenantCatalog{tools: map[*registry.Node]*nodeTools{}}).build(reversed)
 	if len(a.entries) != len(recs)*len(tools) {
 		t.Fatalf("%d entries, want %d", len(a.entries), len(recs)*len(tools))
 	}
@@ -75,7 +75,7 @@ func FuzzToolNames(f *testing.F) {
 		rec1, rec2 := device("acme", "x1", d1, t1), device("acme", "x2", d2, t2)
 		rec1.NodeID, rec2.NodeID = n1, n2 // node ids come validated from the registry; names must not rely on it
 		nodes := []*registry.Node{registry.NewNode(rec1, 1), registry.NewNode(rec2, 1)}
-		s := (&tenantCatalog{tools: map[*registry.Node][]*deviceTool{}}).build(nodes)
+		s := (&tenantCatalog{tools: map[*registry.Node]*nodeTools{}}).build(nodes)
 		seen := map[string]bool{}
 		for _, e := range s.entries {
 			if !ValidToolName(e.name) || strings.Contains(e.name, "-") {
