@@ -54,10 +54,10 @@ bench: ## run the Go benchmarks, then the real OpenClaw gateway against xiaoclaw
 	$(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) -benchmem -timeout 20m $(PKGS)
 	scripts/bench-openclaw.sh
 
-bench-tracing: ## what tracing costs: throughput of a build without it vs tracing off vs every invoke sampled
+bench-tracing: ## what tracing costs: throughput without a tracer provider vs tracing off vs 10 % and 100 % sampled
 	scripts/bench-tracing.sh
 
-tracing-share: ## what tracing costs against a build without it, read from CPU profiles: tracing off, and every invoke sampled and exported over OTLP/HTTP
+tracing-share: ## what tracing costs against no tracer provider, read from CPU profiles: off, 10 % sampled, 100 % exported over OTLP/HTTP
 	scripts/tracing-share.sh
 
 bench-openclaw: ## node.invoke latency: the real OpenClaw gateway vs xiaoclaw, same stock node host
@@ -77,8 +77,9 @@ jaeger: ## build (once) and start a local Jaeger on 127.0.0.1: OTLP 4317/4318, q
 jaeger-stop: ## stop the local Jaeger
 	scripts/jaeger.sh stop
 
-dev-observability: build-cli jaeger ## make dev with every span exported to the local Jaeger
+dev-observability: build-cli jaeger ## make dev with every call traced and exported to the local Jaeger
 	OTEL_TRACES_EXPORTER=otlp OTEL_EXPORTER_OTLP_PROTOCOL=grpc OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4317 \
+	OTEL_TRACES_SAMPLER=always_on \
 	OTEL_BSP_SCHEDULE_DELAY=500 bin/xiaoclaw dev --data-dir $(DATA_DIR)
 
 test-jaeger: ## export spans to a real Jaeger and query them back by trace id

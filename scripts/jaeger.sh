@@ -168,6 +168,7 @@ env)
 	echo "export OTEL_TRACES_EXPORTER=otlp"
 	echo "export OTEL_EXPORTER_OTLP_PROTOCOL=grpc"
 	echo "export OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:$GRPC_PORT"
+	echo "export OTEL_TRACES_SAMPLER=always_on"
 	echo "export OTEL_BSP_SCHEDULE_DELAY=500"
 	;;
 path)

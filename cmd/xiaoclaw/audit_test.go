@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"log/slog"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -15,14 +17,28 @@ import (
 	"github.com/xiaoclaw/xiaoclaw/pkg/xzsim"
 )
 
-// TestAuditTrail: allowed and denied calls through the dev stack become
+// TestAuditTrail: allowed and denied calls through the dev stack, with the
+// telemetry of `xiaoclaw dev` and no OTEL_* variables (tracing off), become
 // audit rows, readable with `xiaoclaw audit`, the denial with its rule id
-// and the arguments redacted.
+// and the arguments redacted, and every row with the call's trace id.
 func TestAuditTrail(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	for _, k := range []string{"OTEL_TRACES_EXPORTER", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"} {
+		t.Setenv(k, "") // the default: tracing off
+	}
+	tel, err := newDevTelemetry(ctx, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tel.shutdown()
+	if tel.gateway.Enabled() {
+		t.Fatalf("tracing on by default: %s", tel.gateway)
+	}
 	const admin = "admin-token-0123456789"
-	st, err := devstack.Start(ctx, devstack.Config{DataDir: t.TempDir(), DeviceToken: "dtok", OperatorToken: "otok", AdminToken: admin})
+	cfg := devstack.Config{DataDir: t.TempDir(), DeviceToken: "dtok", OperatorToken: "otok", AdminToken: admin}
+	tel.stackConfig(&cfg)
+	st, err := devstack.Start(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,6 +89,7 @@ func TestAuditTrail(t *testing.T) {
 		RuleID   string `json:"ruleId"`
 		Tool     string `json:"tool"`
 		Decision string `json:"decision"`
+		TraceID  string `json:"traceId"`
 	}
 	var rows []row
 	deadline := time.Now().Add(10 * time.Second)
@@ -106,7 +123,16 @@ func TestAuditTrail(t *testing.T) {
 	if !slices.ContainsFunc(rows, func(r row) bool { return r.Outcome == "ok" && r.Decision == "allow" }) {
 		t.Fatalf("no allowed row: %+v", rows)
 	}
+	seen := map[string]bool{}
+	for _, r := range rows {
+		if !traceIDPattern.MatchString(r.TraceID) || r.TraceID == strings.Repeat("0", 32) || seen[r.TraceID] {
+			t.Errorf("%s row: trace id %q, want a call's own W3C trace id", r.Outcome, r.TraceID)
+		}
+		seen[r.TraceID] = true
+	}
 }
+
+var traceIDPattern = regexp.MustCompile(`^[0-9a-f]{32}$`)
 
 // TestAuditConnectsAndAuthFailures: an operator's connect is recorded under
 // its tenant; a connect with a wrong token and a device with a wrong token

@@ -61,7 +61,7 @@ Tokens not given as flags are generated once and kept in the data directory.
 Ctrl-C (SIGINT) or SIGTERM shuts down gracefully.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return runDev(cmd.Context(), f, env, stdout)
+			return runDev(cmd.Context(), f, stdout)
 		},
 	}
 	fl := cmd.Flags()
@@ -144,7 +144,7 @@ func randomToken() string {
 	return hex.EncodeToString(b[:])
 }
 
-func runDev(ctx context.Context, f *devFlags, env func(string) string, stdout io.Writer) error {
+func runDev(ctx context.Context, f *devFlags, stdout io.Writer) error {
 	var level slog.LevelVar
 	if err := level.UnmarshalText([]byte(f.logLevel)); err != nil {
 		return &exitError{exitUsage, fmt.Errorf("--log-level: %w", err)}
@@ -162,7 +162,7 @@ func runDev(ctx context.Context, f *devFlags, env func(string) string, stdout io
 	}
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	tel, err := newDevTelemetry(ctx, env, stdout, log)
+	tel, err := newDevTelemetry(ctx, log)
 	if err != nil {
 		return err
 	}

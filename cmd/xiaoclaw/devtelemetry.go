@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"io"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -19,8 +18,9 @@ import (
 
 // devTelemetry is the observability of `xiaoclaw dev`: one tracer provider
 // per service from the same OTEL_* environment (each keeps its own
-// service.name), one metrics registry for all, and the ops endpoints the
-// gateway serves on its port.
+// service.name; with tracing off they still give every call a trace id),
+// one metrics registry for all, and the ops endpoints the gateway serves on
+// its port.
 type devTelemetry struct {
 	gateway, shim, hub *telemetry.TracerProvider
 	reg                *prometheus.Registry
@@ -28,27 +28,25 @@ type devTelemetry struct {
 	log                *slog.Logger
 }
 
-func newDevTelemetry(ctx context.Context, env func(string) string, console io.Writer, log *slog.Logger) (*devTelemetry, error) {
+func newDevTelemetry(ctx context.Context, log *slog.Logger) (*devTelemetry, error) {
 	t := &devTelemetry{reg: telemetry.NewRegistry(), log: log}
-	cfg := telemetry.Config{Env: env, Version: version, SharedProcess: true, ConsoleWriter: console}
+	// Before the providers: the SDK reports a bad OTEL_TRACES_SAMPLER there.
+	otel.SetErrorHandler(telemetry.ErrorHandler(log, time.Minute))
+	cfg := telemetry.Config{Version: version, SharedProcess: true}
 	var err error
 	for _, p := range []struct {
-		dst         **telemetry.TracerProvider
-		name, label string
+		dst  **telemetry.TracerProvider
+		name string
 	}{
-		{&t.gateway, telemetry.ServiceGateway, telemetry.LabelGateway},
-		{&t.shim, telemetry.ServiceShim, telemetry.LabelShim},
-		{&t.hub, telemetry.ServiceDevicehub, telemetry.LabelDevicehub},
+		{&t.gateway, telemetry.ServiceGateway},
+		{&t.shim, telemetry.ServiceShim},
+		{&t.hub, telemetry.ServiceDevicehub},
 	} {
-		if *p.dst, err = telemetry.NewTracerProvider(ctx, p.name, cfg); err == nil {
-			err = telemetry.RegisterSpansDropped(t.reg, p.label, *p.dst)
-		}
-		if err != nil {
+		if *p.dst, err = telemetry.NewTracerProvider(ctx, p.name, cfg); err != nil {
 			t.shutdown()
 			return nil, err
 		}
 	}
-	otel.SetErrorHandler(telemetry.ErrorHandler(log, time.Minute))
 	log.Info("tracing", "config", t.gateway.String())
 	return t, nil
 }

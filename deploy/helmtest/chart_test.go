@@ -517,6 +517,9 @@ func TestInvalidValuesAreRejected(t *testing.T) {
 		{"no database", []string{"--set", "postgresql.enabled=false"}, "externalDatabase.url"},
 		{"no idempotency replica", []string{"--set", "gateway.idempotency.replicas=0"}, "replicas"},
 		{"bad idempotency TTL", []string{"--set", "gateway.idempotency.ttl=forever"}, "ttl"},
+		{"sampling ratio above 1", []string{"--set-string", "otel.samplerArg=1.5"}, "samplerArg"},
+		{"sampling ratio below 0", []string{"--set", "otel.samplerArg=-0.1"}, "samplerArg"},
+		{"unknown sampler", []string{"--set", "otel.sampler=jaeger_remote"}, "sampler"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -632,4 +635,29 @@ func namedPort(c corev1.Container, name string) int32 {
 		}
 	}
 	return 0
+}
+
+// TestTraceSamplingDefault: the services (and the migrations Job) sample a tenth of the new traces by default
+// (parentbased_traceidratio 0.1, following a caller's sampled traceparent), and one value
+// changes the ratio.
+func TestTraceSamplingDefault(t *testing.T) {
+	samplers := func(r rendering) map[string]string {
+		got := map[string]string{}
+		for _, m := range decodeAll[corev1.ConfigMap](t, r.all("ConfigMap")) {
+			if _, ok := m.Data["XIAOCLAW_LOG_LEVEL"]; ok {
+				got[m.Data["OTEL_TRACES_SAMPLER"]+" "+m.Data["OTEL_TRACES_SAMPLER_ARG"]] = m.Name
+			}
+		}
+		return got
+	}
+	forEachScenario(t, func(t *testing.T, r rendering) {
+		if got := samplers(r); len(got) != 1 || got["parentbased_traceidratio 0.1"] == "" {
+			t.Errorf("service ConfigMaps sample %v, want parentbased_traceidratio 0.1", got)
+		}
+	})
+	chart := stagedChart(t)
+	r := renderScenario(t, chart, scenario{name: "sample-half", args: []string{"--set", "otel.samplerArg=0.5"}})
+	if got := samplers(r); len(got) != 1 || got["parentbased_traceidratio 0.5"] == "" {
+		t.Errorf("with otel.samplerArg=0.5: %v", got)
+	}
 }

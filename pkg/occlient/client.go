@@ -51,10 +51,11 @@ type Event struct {
 
 // Error is an error answer of the gateway.
 type Error struct {
-	Code      string          `json:"code"`
-	Message   string          `json:"message"`
-	Details   json.RawMessage `json:"details,omitempty"`
-	Retryable bool            `json:"retryable,omitempty"`
+	Code         string          `json:"code"`
+	Message      string          `json:"message"`
+	Details      json.RawMessage `json:"details,omitempty"`
+	Retryable    bool            `json:"retryable,omitempty"`
+	RetryAfterMs int64           `json:"retryAfterMs,omitempty"`
 }
 
 func (e *Error) Error() string { return e.Code + ": " + e.Message }

@@ -50,7 +50,7 @@ const (
 	OutcomeOffline     = "offline"      // no session, or it ended mid-call
 	OutcomeTimeout     = "timeout"      // the deadline passed
 	OutcomeDeviceError = "device_error" // the device answered with an error
-	OutcomeBusy        = "busy"         // too many calls in flight
+	OutcomeBusy        = "busy"         // too many calls in flight (BUSY, RATE_LIMITED)
 	OutcomeError       = "error"        // anything else
 )
 
@@ -77,7 +77,7 @@ func OutcomeOf(code string) string {
 		return OutcomeTimeout
 	case wire.FaultDeviceError:
 		return OutcomeDeviceError
-	case wire.FaultBusy:
+	case wire.FaultBusy, wire.FaultRateLimited:
 		return OutcomeBusy
 	default:
 		return OutcomeError

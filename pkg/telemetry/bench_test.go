@@ -8,37 +8,41 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/telemetry"
-	"github.com/xiaoclaw/xiaoclaw/pkg/telemetry/telemetrytest"
 )
 
-// benchProviders are the three ways a service runs: tracing off (noop), and
-// the SDK with a batch processor (exporting nowhere) at 100% and 0% sampling.
+// benchProviders are the ways a service runs: without a provider (noop),
+// tracing off (the SDK sampling nothing, trace ids only), and the SDK with a
+// batch processor (exporting nowhere) at 100% and 0% sampling.
 func benchProviders(b *testing.B) map[string]trace.TracerProvider {
 	b.Helper()
-	mk := func(sampler string) trace.TracerProvider {
-		tp, err := telemetry.NewTracerProvider(context.Background(), "bench", telemetry.Config{
-			Env:           telemetrytest.MapEnv(map[string]string{"OTEL_TRACES_SAMPLER": sampler}),
-			SpanProcessor: telemetry.NewBatchProcessor(tracetest.NewNoopExporter(), telemetry.BatchOptions{}),
-		})
+	mk := func(sampler string, processor bool) trace.TracerProvider {
+		b.Setenv("OTEL_TRACES_SAMPLER", sampler)
+		var cfg telemetry.Config
+		if processor {
+			cfg.SpanProcessor = sdktrace.NewBatchSpanProcessor(tracetest.NewNoopExporter())
+		}
+		tp, err := telemetry.NewTracerProvider(context.Background(), "bench", cfg)
 		if err != nil {
 			b.Fatal(err)
 		}
 		b.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
 		return tp
 	}
-	off, _ := telemetry.NewTracerProvider(context.Background(), "bench", telemetry.Config{})
-	return map[string]trace.TracerProvider{"off": off, "sdk-sampled": mk("always_on"), "sdk-unsampled": mk("always_off")}
+	return map[string]trace.TracerProvider{"noop": noop.NewTracerProvider(), "off": mk("", false),
+		"sdk-sampled": mk("always_on", true), "sdk-unsampled": mk("always_off", true)}
 }
 
 var benchInfo = telemetry.CallInfo{Tenant: "acme", Principal: "ops", Node: "xz-a1b2c3d4e5f6", Command: "mcp.tools.call", Tool: "self.light.on"}
 
 // BenchmarkSpan: one span with xiaoclaw's attributes, started and ended.
 func BenchmarkSpan(b *testing.B) {
-	for _, name := range []string{"off", "sdk-unsampled", "sdk-sampled"} {
+	for _, name := range []string{"noop", "off", "sdk-unsampled", "sdk-sampled"} {
 		tr := benchProviders(b)[name].Tracer(telemetry.ScopeName)
 		b.Run(name, func(b *testing.B) {
 			b.ReportAllocs()
@@ -55,7 +59,7 @@ func BenchmarkSpan(b *testing.B) {
 // handler, device call), with the header inject/extract
 // between them and the facts each hop learns late, without the I/O.
 func BenchmarkInvokeSpans(b *testing.B) {
-	for _, name := range []string{"off", "sdk-unsampled", "sdk-sampled"} {
+	for _, name := range []string{"noop", "off", "sdk-unsampled", "sdk-sampled"} {
 		tr := benchProviders(b)[name].Tracer(telemetry.ScopeName)
 		b.Run(name, func(b *testing.B) {
 			b.ReportAllocs()
@@ -87,7 +91,7 @@ func BenchmarkNATSRoundTrip(b *testing.B) {
 	_, connect := startNATS(b)
 	server, client := connect("server"), connect("client")
 	providers := benchProviders(b)
-	for _, name := range []string{"bare", "off", "sdk-unsampled", "sdk-sampled"} {
+	for _, name := range []string{"bare", "noop", "off", "sdk-unsampled", "sdk-sampled"} {
 		var tr trace.Tracer
 		if name != "bare" {
 			tr = providers[name].Tracer(telemetry.ScopeName)
@@ -134,8 +138,7 @@ func BenchmarkNATSRoundTrip(b *testing.B) {
 }
 
 func BenchmarkHeaderInjectExtract(b *testing.B) {
-	sc, _ := telemetry.ParseTraceparent(validTP)
-	ctx := trace.ContextWithSpanContext(context.Background(), sc)
+	ctx, _ := telemetry.ContextWithTraceparent(context.Background(), validTP)
 	b.Run("inject", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
@@ -156,13 +159,6 @@ func BenchmarkHeaderInjectExtract(b *testing.B) {
 			telemetry.InjectHeader(context.Background(), h)
 		}
 	})
-}
-
-func BenchmarkParseTraceparent(b *testing.B) {
-	b.ReportAllocs()
-	for b.Loop() {
-		_, _ = telemetry.ParseTraceparent(validTP)
-	}
 }
 
 // BenchmarkLogLine: a JSON log line with five attributes through the

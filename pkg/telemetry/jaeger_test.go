@@ -109,16 +109,17 @@ func TestJaegerReceivesAndServesTraces(t *testing.T) {
 	} {
 		t.Run(tc.protocol, func(t *testing.T) {
 			service := "xiaoclaw-jaeger-test-" + strings.ReplaceAll(tc.protocol, "/", "-")
-			tp, err := telemetry.NewTracerProvider(context.Background(), service, telemetry.Config{
-				Env: telemetrytest.MapEnv(map[string]string{
-					"OTEL_TRACES_EXPORTER":        "otlp",
-					"OTEL_EXPORTER_OTLP_PROTOCOL": tc.protocol,
-					"OTEL_EXPORTER_OTLP_ENDPOINT": tc.endpoint,
-				}),
-				Instance: "test-1",
+			telemetrytest.SetEnv(t, map[string]string{
+				"OTEL_TRACES_EXPORTER":        "otlp",
+				"OTEL_EXPORTER_OTLP_PROTOCOL": tc.protocol,
+				"OTEL_EXPORTER_OTLP_ENDPOINT": tc.endpoint,
 			})
+			tp, err := telemetry.NewTracerProvider(context.Background(), service, telemetry.Config{Instance: "test-1"})
 			if err != nil {
 				t.Fatal(err)
+			}
+			if !strings.Contains(tp.String(), "otlp "+tc.protocol) {
+				t.Fatalf("provider %q, want otlp %s", tp, tc.protocol)
 			}
 			tr := tp.Tracer(telemetry.ScopeName)
 			ctx, span := telemetry.StartOperatorRequest(context.Background(), tr, "node.invoke", "",

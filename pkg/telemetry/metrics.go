@@ -22,13 +22,13 @@ import (
 const (
 	MetricDevicesConnected = "xiaoclaw_devices_connected"
 	MetricInvokes          = "xiaoclaw_invokes_total"
+	MetricInvokesRefused   = "xiaoclaw_invokes_refused_total"
 	MetricHopDuration      = "xiaoclaw_hop_duration_seconds"
 	MetricPolicyDecisions  = "xiaoclaw_policy_decisions_total"
 	MetricAuditBacklog     = "xiaoclaw_audit_backlog"
 	MetricAuditLag         = "xiaoclaw_audit_lag_seconds"
 	MetricNATSConnected    = "xiaoclaw_nats_connected"
 	MetricDBConnected      = "xiaoclaw_db_connected"
-	MetricSpansDropped     = "xiaoclaw_trace_spans_dropped_total"
 )
 
 // Label names.
@@ -40,6 +40,7 @@ const (
 	LabelOutcome   = "outcome"
 	LabelHop       = "hop"
 	LabelEffect    = "effect"
+	LabelLimit     = "limit"
 )
 
 // Values of the "service" label.
@@ -102,6 +103,17 @@ func NewInvokes(reg prometheus.Registerer) (*prometheus.CounterVec, error) {
 	}, []string{LabelService, LabelCommand, LabelOutcome}))
 }
 
+// NewInvokesRefused declares
+// xiaoclaw_invokes_refused_total{service,tenant,limit}: node.invoke calls a
+// service refused because a limit was reached; limit is one of
+// wire.LimitTenant, wire.LimitDevice and wire.LimitReplica.
+func NewInvokesRefused(reg prometheus.Registerer) (*prometheus.CounterVec, error) {
+	return register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: MetricInvokesRefused,
+		Help: "node.invoke calls refused because a limit was reached, by service, tenant and limit (tenant, device or replica).",
+	}, []string{LabelService, LabelTenant, LabelLimit}))
+}
+
 // NewHopDuration declares xiaoclaw_hop_duration_seconds{hop}: the latency
 // of each leg of a call (Hop* constants).
 func NewHopDuration(reg prometheus.Registerer) (*prometheus.HistogramVec, error) {
@@ -158,18 +170,6 @@ func RegisterDBConnected(reg prometheus.Registerer, service string, connected fu
 		Help:        "1 while the service's database is reachable, else 0.",
 		ConstLabels: prometheus.Labels{LabelService: service},
 	}, func() float64 { return boolGauge(connected()) }))
-	return err
-}
-
-// RegisterSpansDropped declares xiaoclaw_trace_spans_dropped_total{service}:
-// the spans tp dropped because an export queue was full, read at scrape
-// time. service is a Label* service value.
-func RegisterSpansDropped(reg prometheus.Registerer, service string, tp *TracerProvider) error {
-	_, err := register(reg, prometheus.NewCounterFunc(prometheus.CounterOpts{
-		Name:        MetricSpansDropped,
-		Help:        "Spans dropped because the export queue was full (a slow or unreachable trace backend).",
-		ConstLabels: prometheus.Labels{LabelService: service},
-	}, func() float64 { return float64(tp.DroppedSpans()) }))
 	return err
 }
 

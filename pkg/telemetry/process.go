@@ -14,14 +14,11 @@ import (
 // ProcessConfig describes one service process for StartProcess.
 type ProcessConfig struct {
 	Service   string // tracer service name, e.g. ServiceGateway
-	Label     string // its "service" metric label, e.g. LabelGateway
 	Instance  string
 	Version   string
-	LogLevel  string // debug, info, warn or error
-	LogFormat string // json or text
-	Env       func(string) string
+	LogLevel  string    // debug, info, warn or error
+	LogFormat string    // json or text
 	Stderr    io.Writer // logs
-	Stdout    io.Writer // the console span exporter, if chosen
 }
 
 // Process is the telemetry of one service process: a logger whose level
@@ -45,13 +42,8 @@ func StartProcess(ctx context.Context, cfg ProcessConfig) (*Process, error) {
 		return nil, fmt.Errorf("--log-format: %w", err)
 	}
 	p.Log = log
-	p.Tracer, err = NewTracerProvider(ctx, cfg.Service, Config{
-		Env: cfg.Env, Instance: cfg.Instance, Version: cfg.Version, ConsoleWriter: cfg.Stdout,
-	})
+	p.Tracer, err = NewTracerProvider(ctx, cfg.Service, Config{Instance: cfg.Instance, Version: cfg.Version})
 	if err != nil {
-		return nil, err
-	}
-	if err := RegisterSpansDropped(p.Registry, cfg.Label, p.Tracer); err != nil {
 		return nil, err
 	}
 	p.Log.Info("tracing", "config", p.Tracer.String())

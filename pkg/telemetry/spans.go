@@ -23,10 +23,11 @@ import (
 // span's attribute list on every SetAttributes; gathering the facts here and
 // setting them once in End keeps a sampled span at one attribute allocation.
 //
-// The Start* helpers return a nil *Span when nothing records: tracing off,
-// compiled out, or the trace not sampled. Every method is safe on nil, so a
-// call site never asks; the context they return still carries the caller's
-// trace context (a remote parent, an unsampled span) for propagation.
+// The Start* helpers return a nil *Span when nothing records: tracing off or
+// the trace not sampled. Every method is safe on nil, so a call site never
+// asks; the context they return still carries the call's trace context (an
+// unsampled span of the SDK with its own ids, or with a no-op provider the
+// caller's remote parent) for audit rows, logs and propagation.
 type Span struct {
 	span trace.Span
 	info CallInfo
@@ -53,13 +54,11 @@ const (
 // at the gateway (method "node.invoke", ...). traceparent is the optional
 // protocol-v4 field of the frame: when valid it becomes the remote parent,
 // otherwise the span starts a new trace (and records that an invalid value
-// was ignored). With tracing off the returned context still carries a valid
-// traceparent, so the caller's trace id reaches the audit row and the hops
-// after the gateway.
+// was ignored). With tracing off (a provider that samples nothing) the
+// returned context still carries the call's trace id, the caller's or a new
+// one, so it reaches the audit row, the logs, the reply and the hops after
+// the gateway.
 func StartOperatorRequest(ctx context.Context, tracer trace.Tracer, method, traceparent string, info CallInfo) (context.Context, *Span) {
-	if !compiledIn {
-		return ctx, nil
-	}
 	var parented, invalid bool
 	if traceparent != "" {
 		if ctx, parented = ContextWithTraceparent(ctx, traceparent); !parented {
@@ -90,9 +89,6 @@ func StartOperatorRequest(ctx context.Context, tracer trace.Tracer, method, trac
 // on carries this span's context (InjectMsg): no client span of its own, one
 // span per service and hop.
 func StartNATSHandler(ctx context.Context, tracer trace.Tracer, msg *nats.Msg, info CallInfo) (context.Context, *Span) {
-	if !compiledIn {
-		return ctx, nil
-	}
 	ctx = ExtractHeader(ctx, msg.Header)
 	if isNoop(tracer) {
 		return ctx, nil
@@ -113,7 +109,7 @@ func StartNATSHandler(ctx context.Context, tracer trace.Tracer, msg *nats.Msg, i
 // by the hub's few microseconds of parsing and replying. The hub sets the
 // request id once it is assigned (SetRequestID).
 func StartDeviceCall(ctx context.Context, tracer trace.Tracer, method, transport string, info CallInfo) (context.Context, *Span) {
-	if !compiledIn || isNoop(tracer) {
+	if isNoop(tracer) {
 		return ctx, nil
 	}
 	ctx, span := tracer.Start(ctx, method, clientSpan...)
@@ -132,8 +128,8 @@ var (
 	clientSpan     = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindClient)}
 )
 
-// isNoop tells the tracer of a provider with tracing off, so the helpers
-// skip even the no-op span and its context.
+// isNoop tells the tracer of a no-op provider (a service built without
+// one), so the helpers skip even the no-op span and its context.
 func isNoop(tracer trace.Tracer) bool {
 	_, ok := tracer.(noop.Tracer)
 	return ok

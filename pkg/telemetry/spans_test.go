@@ -343,7 +343,11 @@ func TestTracingOffStillPassesTheOperatorTraceAlong(t *testing.T) {
 	}
 	tr := off.Tracer(telemetry.ScopeName)
 
-	// Gateway: the operator's traceparent names the call in the audit row.
+	// Gateway: the operator's traceparent names the call in the audit row;
+	// without one, a new trace id does.
+	if ctx, _ := telemetry.StartOperatorRequest(context.Background(), tr, "node.invoke", "", telemetry.CallInfo{}); !trace.SpanContextFromContext(ctx).IsValid() {
+		t.Fatal("tracing off: no trace id without a traceparent")
+	}
 	ctx, span := telemetry.StartOperatorRequest(context.Background(), tr, "node.invoke", validTP, telemetry.CallInfo{})
 	if span.Recording() {
 		t.Fatal("a provider with tracing off records")
@@ -370,14 +374,18 @@ func TestTracingOffStillPassesTheOperatorTraceAlong(t *testing.T) {
 	telemetry.InjectMsg(hctx, out)
 	_, err = nc.RequestMsgWithContext(hctx, out)
 	hspan.End(telemetry.FaultCode(err), err)
-	if h := <-got; h.Get("traceparent") != validTP {
-		t.Fatalf("traceparent %q, want the operator's %q unchanged", h.Get("traceparent"), validTP)
+	// The operator's trace id, the shim's own span id, and "not sampled":
+	// with tracing off nothing downstream records either.
+	tp := (<-got).Get("traceparent")
+	if !strings.HasPrefix(tp, validTP[:36]) || tp == validTP || !strings.HasSuffix(tp, "-00") {
+		t.Fatalf("traceparent %q, want the operator's trace id %s, another span id, unsampled", tp, validTP[3:35])
 	}
 }
 
 func TestHeaderPropagation(t *testing.T) {
 	ts, _ := trace.ParseTraceState("vendor=abc,other=1")
-	sc, _ := telemetry.ParseTraceparent(validTP)
+	pctx, _ := telemetry.ContextWithTraceparent(context.Background(), validTP)
+	sc := trace.SpanContextFromContext(pctx)
 	ctx := trace.ContextWithSpanContext(context.Background(), sc.WithTraceState(ts))
 	h := nats.Header{}
 	telemetry.InjectHeader(ctx, h)
@@ -385,7 +393,7 @@ func TestHeaderPropagation(t *testing.T) {
 		t.Fatalf("injected %v", h)
 	}
 	back := trace.SpanContextFromContext(telemetry.ExtractHeader(context.Background(), h))
-	if !back.Equal(sc.WithTraceState(ts).WithRemote(true)) {
+	if !back.Equal(sc.WithTraceState(ts)) {
 		t.Fatalf("extracted %v, want %v", back, sc)
 	}
 

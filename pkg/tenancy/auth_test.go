@@ -579,6 +579,16 @@ func TestManagerRejectsBadInputWithoutChanges(t *testing.T) {
 			_, err := f.mgr.AddRule(ctx, tenancy.Rule{Tenant: "acme", Effect: "permit", Subject: "*", Object: "*", Action: "*"})
 			return err
 		},
+		"negative limit": func() error {
+			n := -1
+			_, err := f.mgr.UpdateTenant(ctx, "acme", tenancy.TenantUpdate{MaxInflight: &n})
+			return err
+		},
+		"limit too large": func() error {
+			ok, n := 10, wire.MaxInflightLimit+1
+			_, err := f.mgr.UpdateTenant(ctx, "acme", tenancy.TenantUpdate{MaxInflight: &ok, MaxInflightPerDevice: &n})
+			return err
+		},
 	} {
 		if err := call(); !errors.Is(err, tenancy.ErrInvalid) {
 			t.Errorf("%s: got %v, want ErrInvalid", name, err)
@@ -592,5 +602,33 @@ func TestManagerRejectsBadInputWithoutChanges(t *testing.T) {
 	}
 	if _, err := f.mgr.RevokeToken(ctx, "acme", "tok_nope"); !errors.Is(err, tenancy.ErrNotFound) {
 		t.Fatalf("revoke of a malformed id: %v", err)
+	}
+}
+
+// The gateway reads a tenant's limits through the operator cache; a change
+// reaches it through the change notification.
+func TestInflightLimitsFollowChanges(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t, "")
+	f.tenant(t, "acme")
+	if l, err := f.ops.InflightLimits(ctx, "acme"); err != nil || l != (wire.InflightLimits{}) {
+		t.Fatalf("new tenant limits = %+v, %v; want the defaults", l, err)
+	}
+	n, d := 200, 4
+	if _, err := f.mgr.UpdateTenant(ctx, "acme", tenancy.TenantUpdate{MaxInflight: &n, MaxInflightPerDevice: &d}); err != nil {
+		t.Fatal(err)
+	}
+	if l, err := f.ops.InflightLimits(ctx, "acme"); err != nil || l != (wire.InflightLimits{Tenant: 200, Device: 4}) {
+		t.Fatalf("limits after update = %+v, %v", l, err)
+	}
+	zero := 0
+	if _, err := f.mgr.UpdateTenant(ctx, "acme", tenancy.TenantUpdate{MaxInflight: &zero}); err != nil {
+		t.Fatal(err)
+	}
+	if l, err := f.ops.InflightLimits(ctx, "acme"); err != nil || l != (wire.InflightLimits{Device: 4}) {
+		t.Fatalf("limits after reset to the default = %+v, %v", l, err)
+	}
+	if l, err := f.ops.InflightLimits(ctx, "nope"); err != nil || l != (wire.InflightLimits{}) {
+		t.Fatalf("unknown tenant limits = %+v, %v", l, err)
 	}
 }

@@ -94,6 +94,15 @@ func checkEffect(e string) error {
 	return nil
 }
 
+// checkLimit accepts an unset limit, 0 (the shim's default) and 1 up to
+// wire.MaxInflightLimit.
+func checkLimit(field string, v *int) error {
+	if v != nil && (*v < 0 || *v > wire.MaxInflightLimit) {
+		return invalid("%s must be between 0 (the default) and %d, not %d", field, wire.MaxInflightLimit, *v)
+	}
+	return nil
+}
+
 // TenantSpec describes a new tenant.
 type TenantSpec struct {
 	ID          string `json:"id"`
@@ -126,7 +135,8 @@ func (m *Manager) CreateTenant(ctx context.Context, s TenantSpec) (Tenant, error
 	return t, nil
 }
 
-// UpdateTenant changes a tenant's display name, status or default effect.
+// UpdateTenant changes a tenant's display name, status, default effect or
+// in-flight limits.
 func (m *Manager) UpdateTenant(ctx context.Context, id string, u TenantUpdate) (Tenant, error) {
 	if u.DisplayName != nil {
 		if err := checkName("displayName", *u.DisplayName); err != nil {
@@ -140,6 +150,12 @@ func (m *Manager) UpdateTenant(ctx context.Context, id string, u TenantUpdate) (
 		if err := checkEffect(*u.DefaultEffect); err != nil {
 			return Tenant{}, err
 		}
+	}
+	if err := checkLimit("maxInflight", u.MaxInflight); err != nil {
+		return Tenant{}, err
+	}
+	if err := checkLimit("maxInflightPerDevice", u.MaxInflightPerDevice); err != nil {
+		return Tenant{}, err
 	}
 	t, err := m.cfg.Store.UpdateTenant(ctx, id, u, m.now())
 	if err != nil {

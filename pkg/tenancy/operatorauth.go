@@ -128,3 +128,14 @@ func (a *OperatorAuth) TenancyChanged(c wire.TenancyChange) {
 		a.tokens.dropWhere(func(_ string, t Token, found bool) bool { return !found || t.Tenant == c.Tenant })
 	}
 }
+
+// InflightLimits returns the tenant's in-flight limits from the tenant
+// cache (dropped on every change of the tenant): the gateway sends them to
+// the shim with each node.invoke. An unknown tenant has the defaults (0).
+func (a *OperatorAuth) InflightLimits(ctx context.Context, tenant string) (wire.InflightLimits, error) {
+	t, _, err := a.tenants.get(ctx, tenant, a.store.Tenant)
+	if err != nil {
+		return wire.InflightLimits{}, fmt.Errorf("tenancy: tenant lookup: %w", err)
+	}
+	return wire.InflightLimits{Tenant: t.Limits.MaxInflight, Device: t.Limits.MaxInflightPerDevice}, nil
+}

@@ -142,22 +142,32 @@ func bump(ctx context.Context, tx *sql.Tx, tenant string, at time.Time) error {
 	return nil
 }
 
-const tenantCols = `id, display_name, status, default_effect, device_allowlist, version, created_at, updated_at`
+const tenantCols = `id, display_name, status, default_effect, device_allowlist, version, created_at, updated_at, max_inflight, max_inflight_per_device`
 
 type scanner interface{ Scan(...any) error }
 
 func scanTenant(r scanner) (Tenant, error) {
 	var t Tenant
 	var created, updated int64
-	err := r.Scan(&t.ID, &t.DisplayName, &t.Status, &t.DefaultEffect, &t.DeviceAllowlist, &t.Version, &created, &updated)
+	var maxInflight, perDevice sql.NullInt64
+	err := r.Scan(&t.ID, &t.DisplayName, &t.Status, &t.DefaultEffect, &t.DeviceAllowlist, &t.Version, &created, &updated,
+		&maxInflight, &perDevice)
 	t.CreatedAt, t.UpdatedAt = fromMs(created), fromMs(updated)
+	t.Limits = Limits{MaxInflight: int(maxInflight.Int64), MaxInflightPerDevice: int(perDevice.Int64)}
 	return t, err
+}
+
+// nullLimit stores a default (0) limit as NULL; the schema refuses a
+// negative one.
+func nullLimit(v int) sql.NullInt64 {
+	return sql.NullInt64{Int64: int64(v), Valid: v != 0}
 }
 
 // CreateTenant inserts t; ErrConflict if the id is taken.
 func (s *SQLStore) CreateTenant(ctx context.Context, t Tenant) error {
-	_, err := s.db.ExecContext(ctx, `INSERT INTO tenants (`+tenantCols+`) VALUES ($1, $2, $3, $4, $5, 1, $6, $6)`,
-		t.ID, t.DisplayName, t.Status, t.DefaultEffect, t.DeviceAllowlist, ms(t.CreatedAt))
+	_, err := s.db.ExecContext(ctx, `INSERT INTO tenants (`+tenantCols+`) VALUES ($1, $2, $3, $4, $5, 1, $6, $6, $7, $8)`,
+		t.ID, t.DisplayName, t.Status, t.DefaultEffect, t.DeviceAllowlist, ms(t.CreatedAt),
+		nullLimit(t.Limits.MaxInflight), nullLimit(t.Limits.MaxInflightPerDevice))
 	return classify(err)
 }
 
@@ -205,11 +215,18 @@ func (s *SQLStore) UpdateTenant(ctx context.Context, id string, u TenantUpdate, 
 		if u.DefaultEffect != nil {
 			t.DefaultEffect = *u.DefaultEffect
 		}
+		if u.MaxInflight != nil {
+			t.Limits.MaxInflight = *u.MaxInflight
+		}
+		if u.MaxInflightPerDevice != nil {
+			t.Limits.MaxInflightPerDevice = *u.MaxInflightPerDevice
+		}
 		t.Version++
 		t.UpdatedAt = fromMs(ms(at))
 		_, err = tx.ExecContext(ctx, `UPDATE tenants SET display_name = $2, status = $3, default_effect = $4,
-			version = $5, updated_at = $6 WHERE id = $1`,
-			id, t.DisplayName, t.Status, t.DefaultEffect, t.Version, ms(at))
+			version = $5, updated_at = $6, max_inflight = $7, max_inflight_per_device = $8 WHERE id = $1`,
+			id, t.DisplayName, t.Status, t.DefaultEffect, t.Version, ms(at),
+			nullLimit(t.Limits.MaxInflight), nullLimit(t.Limits.MaxInflightPerDevice))
 		out = t
 		return err
 	})

@@ -73,6 +73,44 @@ func TestStoreTenants(t *testing.T) {
 	})
 }
 
+func TestStoreTenantLimits(t *testing.T) {
+	tenancytest.Each(t, func(t *testing.T, s *tenancy.SQLStore) {
+		ctx := context.Background()
+		mustTenant(t, s, "acme")
+		if got, _ := s.Tenant(ctx, "acme"); got.Limits != (tenancy.Limits{}) {
+			t.Fatalf("new tenant limits = %+v, want defaults", got.Limits)
+		}
+		n, d := 200, 4
+		u, err := s.UpdateTenant(ctx, "acme", tenancy.TenantUpdate{MaxInflight: &n, MaxInflightPerDevice: &d}, t0)
+		if err != nil || u.Limits != (tenancy.Limits{MaxInflight: 200, MaxInflightPerDevice: 4}) || u.Version != 2 {
+			t.Fatalf("update = %+v, %v", u, err)
+		}
+		name := "Acme"
+		if _, err := s.UpdateTenant(ctx, "acme", tenancy.TenantUpdate{DisplayName: &name}, t0); err != nil {
+			t.Fatal(err)
+		}
+		if got, _ := s.Tenant(ctx, "acme"); got.Limits != (tenancy.Limits{MaxInflight: 200, MaxInflightPerDevice: 4}) {
+			t.Fatalf("limits after another change = %+v", got.Limits)
+		}
+		zero := 0
+		if _, err := s.UpdateTenant(ctx, "acme", tenancy.TenantUpdate{MaxInflight: &zero}, t0); err != nil {
+			t.Fatal(err)
+		}
+		list, err := s.Tenants(ctx)
+		if err != nil || len(list) != 1 || list[0].Limits != (tenancy.Limits{MaxInflightPerDevice: 4}) {
+			t.Fatalf("tenants = %+v, %v", list, err)
+		}
+		// The database refuses a negative limit even past the manager.
+		neg := -3
+		if _, err := s.UpdateTenant(ctx, "acme", tenancy.TenantUpdate{MaxInflight: &neg}, t0); err == nil {
+			t.Fatal("store accepted a negative limit")
+		}
+		if got, _ := s.Tenant(ctx, "acme"); got.Limits != (tenancy.Limits{MaxInflightPerDevice: 4}) || got.Version != 4 {
+			t.Fatalf("refused update changed the tenant: %+v", got)
+		}
+	})
+}
+
 func TestStoreTokens(t *testing.T) {
 	tenancytest.Each(t, func(t *testing.T, s *tenancy.SQLStore) {
 		ctx := context.Background()

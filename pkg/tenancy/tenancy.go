@@ -49,10 +49,21 @@ type Tenant struct {
 	// DefaultEffect decides a request no policy rule matches.
 	DefaultEffect string `json:"defaultEffect"`
 	// DeviceAllowlist, when true, admits only devices on the tenant's list.
-	DeviceAllowlist bool      `json:"deviceAllowlist"`
-	Version         int64     `json:"version"`
-	CreatedAt       time.Time `json:"createdAt"`
-	UpdatedAt       time.Time `json:"updatedAt"`
+	DeviceAllowlist bool `json:"deviceAllowlist"`
+	// Limits are the tenant's shares of each shim replica.
+	Limits    Limits    `json:"limits"`
+	Version   int64     `json:"version"`
+	CreatedAt time.Time `json:"createdAt"`
+	UpdatedAt time.Time `json:"updatedAt"`
+}
+
+// Limits bound the node.invoke calls of a tenant in flight on each shim
+// replica, in all and to any one device; calls over a limit fail with
+// RATE_LIMITED or BUSY and a retry hint. 0 takes the shim's default
+// (--tenant-max-inflight, --device-max-inflight).
+type Limits struct {
+	MaxInflight          int `json:"maxInflight"`
+	MaxInflightPerDevice int `json:"maxInflightPerDevice"`
 }
 
 // TenantUpdate names the fields to change; nil leaves a field as it is.
@@ -60,6 +71,10 @@ type TenantUpdate struct {
 	DisplayName   *string
 	Status        *string
 	DefaultEffect *string
+	// MaxInflight and MaxInflightPerDevice set Limits; 0 restores the
+	// shim's default.
+	MaxInflight          *int
+	MaxInflightPerDevice *int
 }
 
 // Token is an operator API token as stored: the secret itself is never

@@ -1,7 +1,10 @@
 package wire
 
 import (
+	"errors"
+	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -45,4 +48,74 @@ func Deadline(h nats.Header, max time.Duration) time.Time {
 		}
 	}
 	return time.Now().Add(d)
+}
+
+// HeaderInflightLimits carries, on a node.invoke request, the in-flight
+// limits of the calling tenant as "<per tenant>,<per device>": the gateway
+// copies them from the tenant record, and the shim enforces them. 0 (and an
+// absent header) means the shim's default.
+const HeaderInflightLimits = "Xc-Inflight-Limits"
+
+// MaxInflightLimit bounds either in-flight limit a tenant can be given.
+const MaxInflightLimit = 1_000_000
+
+// InflightLimits are a tenant's shares of a shim replica: how many invokes
+// it may have in flight in all, and to any one device. 0 takes the shim's
+// default.
+type InflightLimits struct {
+	Tenant int
+	Device int
+}
+
+// SetInflightLimits writes l into h; limits that are both 0 write nothing.
+func SetInflightLimits(h nats.Header, l InflightLimits) {
+	if l == (InflightLimits{}) {
+		return
+	}
+	b := make([]byte, 0, 24)
+	b = strconv.AppendInt(b, int64(l.Tenant), 10)
+	b = append(b, ',')
+	b = strconv.AppendInt(b, int64(l.Device), 10)
+	h.Set(HeaderInflightLimits, string(b))
+}
+
+// ParseInflightLimits reads a HeaderInflightLimits value; "" is no limits
+// (both defaults). Each number must be a decimal in [0, MaxInflightLimit].
+func ParseInflightLimits(v string) (InflightLimits, error) {
+	if v == "" {
+		return InflightLimits{}, nil
+	}
+	t, d, ok := strings.Cut(v, ",")
+	if !ok {
+		return InflightLimits{}, fmt.Errorf("%s %q: want <per tenant>,<per device>", HeaderInflightLimits, v)
+	}
+	var l InflightLimits
+	var err error
+	if l.Tenant, err = limitNumber(t); err != nil {
+		return InflightLimits{}, fmt.Errorf("%s %q: per tenant: %w", HeaderInflightLimits, v, err)
+	}
+	if l.Device, err = limitNumber(d); err != nil {
+		return InflightLimits{}, fmt.Errorf("%s %q: per device: %w", HeaderInflightLimits, v, err)
+	}
+	return l, nil
+}
+
+// limitNumber parses a plain decimal (no sign, no spaces) up to
+// MaxInflightLimit.
+func limitNumber(s string) (int, error) {
+	if s == "" || len(s) > 7 {
+		return 0, errors.New("not a number between 0 and 1000000")
+	}
+	n := 0
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c < '0' || c > '9' {
+			return 0, errors.New("not a number between 0 and 1000000")
+		}
+		n = n*10 + int(c-'0')
+	}
+	if n > MaxInflightLimit {
+		return 0, errors.New("not a number between 0 and 1000000")
+	}
+	return n, nil
 }

@@ -79,7 +79,8 @@ const (
 	FaultTimeout        = "TIMEOUT"           // the deadline passed before a reply
 	FaultInvalidRequest = "INVALID_REQUEST"   // bad command, unknown tool, invalid arguments
 	FaultDeviceError    = "DEVICE_ERROR"      // the device answered with a JSON-RPC error
-	FaultBusy           = "BUSY"              // too many calls in flight for the device
+	FaultBusy           = "BUSY"              // too many calls in flight for the device or the replica
+	FaultRateLimited    = "RATE_LIMITED"      // the tenant has its whole share of calls in flight
 	FaultTooLarge       = "PAYLOAD_TOO_LARGE" // request or result over the size limit
 	FaultUnavailable    = "UNAVAILABLE"       // the service could not run the call
 	FaultDisconnected   = "DISCONNECTED"      // the session ended while the call was pending
@@ -93,6 +94,21 @@ type Fault struct {
 }
 
 func (f *Fault) Error() string { return f.Code + ": " + f.Message }
+
+// Limits a refused call can name in LimitDetails.Limit.
+const (
+	LimitTenant  = "tenant"  // the tenant's share of a shim replica
+	LimitDevice  = "device"  // the tenant's share per device
+	LimitReplica = "replica" // everything a shim replica runs at once
+)
+
+// LimitDetails are the Details of a BUSY or RATE_LIMITED fault raised by a
+// limit: which limit, its value, and when to try again.
+type LimitDetails struct {
+	Limit        string `json:"limit"`
+	Max          int    `json:"max"`
+	RetryAfterMs int64  `json:"retryAfterMs"`
+}
 
 // NodeEventMsg is the payload of a NodeEvent message; gateways fan it out to
 // the tenant's operators as an OpenClaw "node.event" event frame.

@@ -47,27 +47,11 @@ func (h *hub) serveEndpoint(w http.ResponseWriter, r *http.Request) {
 		h.refuse(w, http.StatusUnauthorized, "devicehub: MCP endpoint refused", "remote_ip", remoteIP, "reason", err.Error())
 		return
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), authTimeout)
-	tenant, err := h.cfg.Auth.AuthenticateDevice(ctx, deviceauth.Credentials{
+	tenant, ok := h.authenticateWebSocket(w, r, deviceauth.Credentials{
 		Transport: wire.TransportWebSocket, Token: devToken, DeviceID: device,
 		ClientID: deviceauth.EndpointClientID, RemoteAddr: r.RemoteAddr,
-	})
-	cancel()
-	switch {
-	case errors.Is(err, deviceauth.ErrUnauthenticated):
-		if wait := h.authFailed(wire.TransportWebSocket, device, deviceauth.EndpointClientID, remoteIP, "unauthenticated"); wait > 0 {
-			tooManyFailures(w, wait)
-			return
-		}
-		h.refuse(w, http.StatusUnauthorized, "devicehub: MCP endpoint refused", "remote_ip", remoteIP, "device", device, "reason", "unauthenticated")
-		return
-	case err != nil:
-		h.log.Error("devicehub: endpoint authentication failed", "remote_ip", remoteIP, "device", device, "err", err)
-		writeJSONError(w, http.StatusServiceUnavailable, "authentication unavailable")
-		return
-	case wire.ValidTenant(tenant) != nil:
-		h.log.Error("devicehub: authenticator returned an invalid tenant", "device", device, "tenant", tenant)
-		writeJSONError(w, http.StatusServiceUnavailable, "authentication unavailable")
+	}, device, remoteIP, "devicehub: MCP endpoint refused")
+	if !ok {
 		return
 	}
 	if !h.admit() {

@@ -42,7 +42,11 @@ func FuzzEndpointFrame(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	cfg := &Config{CallTimeout: time.Second, MaxCatalogBytes: 1 << 20, MaxToolPages: 4, MaxInFlight: 4}
+	cfg.setDefaults()
 	h := newHub(cfg, nil, slog.New(slog.DiscardHandler))
+	if err := h.instrument(); err != nil {
+		f.Fatal(err)
+	}
 	f.Fuzz(func(t *testing.T, frame []byte) {
 		conn := &recordingConn{}
 		s := &session{hub: h, id: "s1", key: deviceKey{"t", "calc-host"}, transport: wire.TransportWebSocket, conn: conn, hasMCP: true, online: true}

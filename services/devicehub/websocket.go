@@ -56,28 +56,11 @@ func (h *hub) serveWebSocket(w http.ResponseWriter, r *http.Request) {
 		h.refuse(w, http.StatusUnauthorized, "devicehub: device refused", "remote_ip", remoteIP, "device_id", creds.DeviceID, "reason", "invalid device id")
 		return
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), authTimeout)
-	tenant, err := h.cfg.Auth.AuthenticateDevice(ctx, deviceauth.Credentials{
+	tenant, ok := h.authenticateWebSocket(w, r, deviceauth.Credentials{
 		Transport: wire.TransportWebSocket, Token: creds.Token, DeviceID: creds.DeviceID,
 		ClientID: creds.ClientID, RemoteAddr: r.RemoteAddr,
-	})
-	cancel()
-	switch {
-	case errors.Is(err, deviceauth.ErrUnauthenticated):
-		if wait := h.authFailed(wire.TransportWebSocket, device, creds.ClientID, remoteIP, "unauthenticated"); wait > 0 {
-			h.log.Warn("devicehub: device refused, too many failures for its id", "remote_ip", remoteIP, "device", device)
-			tooManyFailures(w, wait)
-			return
-		}
-		h.refuse(w, http.StatusUnauthorized, "devicehub: device refused", "remote_ip", remoteIP, "device", device, "reason", "unauthenticated")
-		return
-	case err != nil:
-		h.log.Error("devicehub: device authentication failed", "remote_ip", remoteIP, "device", device, "err", err)
-		writeJSONError(w, http.StatusServiceUnavailable, "authentication unavailable")
-		return
-	case wire.ValidTenant(tenant) != nil:
-		h.log.Error("devicehub: authenticator returned an invalid tenant", "device", device, "tenant", tenant)
-		writeJSONError(w, http.StatusServiceUnavailable, "authentication unavailable")
+	}, device, remoteIP, "devicehub: device refused")
+	if !ok {
 		return
 	}
 	if !h.admit() {
@@ -439,4 +422,34 @@ func (w *smallBufferHijacker) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	}
 	w.c.raw, w.c.br = conn, br
 	return conn, bufio.NewReadWriter(br, bufio.NewWriterSize(conn, wsWriteBuffer)), nil
+}
+
+// authenticateWebSocket asks the Authenticator about a WebSocket door's
+// credentials (device is their canonical device id) and answers the refusals
+// itself: 401 (refused is the log message), 429 past the device id's failure
+// budget, 503 when authentication is unavailable. ok reports a tenant to
+// serve.
+func (h *hub) authenticateWebSocket(w http.ResponseWriter, r *http.Request, creds deviceauth.Credentials, device, remoteIP, refused string) (tenant string, ok bool) {
+	ctx, cancel := context.WithTimeout(r.Context(), authTimeout)
+	tenant, err := h.cfg.Auth.AuthenticateDevice(ctx, creds)
+	cancel()
+	switch {
+	case errors.Is(err, deviceauth.ErrUnauthenticated):
+		if wait := h.authFailed(wire.TransportWebSocket, device, creds.ClientID, remoteIP, "unauthenticated"); wait > 0 {
+			h.log.Warn(refused+", too many failures for its id", "remote_ip", remoteIP, "device", device)
+			tooManyFailures(w, wait)
+			return "", false
+		}
+		h.refuse(w, http.StatusUnauthorized, refused, "remote_ip", remoteIP, "device", device, "reason", "unauthenticated")
+		return "", false
+	case err != nil:
+		h.log.Error("devicehub: device authentication failed", "remote_ip", remoteIP, "device", device, "err", err)
+		writeJSONError(w, http.StatusServiceUnavailable, "authentication unavailable")
+		return "", false
+	case wire.ValidTenant(tenant) != nil:
+		h.log.Error("devicehub: authenticator returned an invalid tenant", "device", device, "tenant", tenant)
+		writeJSONError(w, http.StatusServiceUnavailable, "authentication unavailable")
+		return "", false
+	}
+	return tenant, true
 }

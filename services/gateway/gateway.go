@@ -69,6 +69,10 @@ type Config struct {
 	Authorizer access.Authorizer
 	// Auditor is told about every node.invoke. Default: none.
 	Auditor Auditor
+	// Limits, when set, tells each tenant's in-flight limits, which the
+	// shim enforces (tenancy.OperatorAuth). Default: none, the shim's
+	// defaults apply to every tenant.
+	Limits InflightLimiter
 	// ConnectAuditor, when set, is told about every accepted and refused
 	// connect (operators and node hosts). Default: none.
 	ConnectAuditor ConnectAuditor

@@ -262,6 +262,9 @@ func (call *invokeCall) run() {
 	// all the headers a call needs.
 	msg := &nats.Msg{Subject: call.subject, Data: call.body, Header: make(nats.Header, 2)}
 	wire.SetTimeout(msg.Header, call.deadline)
+	if call.node.Kind != wire.NodeKindOpenClaw {
+		s.setInflightLimits(ctx, msg.Header, o.principal.Tenant)
+	}
 	telemetry.InjectMsg(call.ctx, msg)
 	sent := time.Now()
 	reply, err := s.nc.RequestMsgWithContext(ctx, msg)
@@ -288,6 +291,9 @@ func (call *invokeCall) run() {
 		case fault == nil:
 		case fault.Code == wire.FaultNotConnected:
 			perr, outcome, keep = protocol.NodeNotConnected(), OutcomeError, false
+		case fault.Code == wire.FaultRateLimited || fault.Code == wire.FaultBusy:
+			// Refused before the device: the key stays free for the retry.
+			perr, outcome, keep = refusedByLimit(fault), OutcomeError, false
 		default:
 			perr, outcome = protocol.NodeFailed(fault.Code, fault.Message, true), OutcomeError
 			if fault.Code == wire.FaultTimeout {
@@ -472,4 +478,30 @@ func decodeInvokeReply(m *nats.Msg) (json.RawMessage, *wire.Fault) {
 		r.Payload = nil
 	}
 	return r.Payload, nil
+}
+
+// setInflightLimits tells the shim the tenant's in-flight limits, when they
+// differ from the shim's defaults. When the tenancy store cannot be asked
+// the call goes on under the shim's defaults: limits share capacity, they
+// are not an authorization.
+func (s *Service) setInflightLimits(ctx context.Context, h nats.Header, tenant string) {
+	if s.cfg.Limits == nil {
+		return
+	}
+	l, err := s.cfg.Limits.InflightLimits(ctx, tenant)
+	if err != nil {
+		s.log.Warn("tenant limits unavailable; the shim's defaults apply", "tenant", tenant, "err", err)
+		return
+	}
+	wire.SetInflightLimits(h, l)
+}
+
+// refusedByLimit maps a BUSY or RATE_LIMITED fault, with its limit details
+// when the sender gave them (the shim does, a devicehub's BUSY does not).
+func refusedByLimit(f *wire.Fault) *protocol.Error {
+	var d wire.LimitDetails
+	if len(f.Details) > 0 && json.Unmarshal(f.Details, &d) != nil {
+		d = wire.LimitDetails{}
+	}
+	return protocol.NodeRefused(f.Code, f.Message, d.Limit, d.Max, d.RetryAfterMs)
 }

@@ -10,6 +10,12 @@ import (
 	"github.com/xiaoclaw/xiaoclaw/services/gateway/internal/protocol"
 )
 
+// InflightLimiter tells a tenant's in-flight limits (tenancy.OperatorAuth);
+// the gateway sends them to the shim with each node.invoke of a device.
+type InflightLimiter interface {
+	InflightLimits(ctx context.Context, tenant string) (wire.InflightLimits, error)
+}
+
 // TenancyChanged re-checks the live connections of the changed tenant when
 // a token, the tenant itself or anything of it (resync) changed: each
 // connection's token is authenticated again, and a connection whose token

@@ -1,6 +1,7 @@
 package shim
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -14,6 +15,7 @@ import (
 	"github.com/xiaoclaw/xiaoclaw/pkg/jsonobj"
 	"github.com/xiaoclaw/xiaoclaw/pkg/telemetry"
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
+	"github.com/xiaoclaw/xiaoclaw/services/shim/internal/inflight"
 	"github.com/xiaoclaw/xiaoclaw/services/shim/internal/translate"
 )
 
@@ -25,21 +27,67 @@ func (s *Service) onInvoke(msg *nats.Msg) {
 		s.finish(msg, span, "", nil, &wire.Fault{Code: wire.FaultTooLarge, Message: "node.invoke request exceeds " + strconv.Itoa(s.cfg.MaxRequestBytes) + " bytes"})
 		return
 	}
+	tenant, ok := wire.TenantFromSubject(msg.Subject)
+	if !ok {
+		s.finish(msg, span, "", nil, &wire.Fault{Code: wire.FaultInvalidRequest, Message: "invalid tenant"})
+		return
+	}
+	limits, err := wire.ParseInflightLimits(msg.Header.Get(wire.HeaderInflightLimits))
+	if err != nil {
+		s.finish(msg, span, "", nil, &wire.Fault{Code: wire.FaultInvalidRequest, Message: err.Error()})
+		return
+	}
+	// The tenant's share first: a tenant over it is refused without
+	// touching the replica's slots, which stay for the others.
+	share := cmp.Or(limits.Tenant, s.cfg.TenantMaxInFlight)
+	tc := s.tenants.Tenant(tenant)
+	if !tc.Acquire(share) {
+		s.finish(msg, span, "", nil, s.refuse(tenant, wire.LimitTenant, share))
+		return
+	}
 	select {
 	case s.sem <- struct{}{}:
 	default:
-		s.finish(msg, span, "", nil, &wire.Fault{Code: wire.FaultBusy, Message: "shim has too many invokes in flight"})
+		tc.Release()
+		s.finish(msg, span, "", nil, s.refuse(tenant, wire.LimitReplica, s.cfg.MaxInFlight))
 		return
 	}
 	s.inflight.Add(1)
 	s.workers.Go(func() {
 		defer func() {
 			<-s.sem
+			tc.Release()
 			s.inflight.Done()
 		}()
-		command, payload, fault := s.invoke(ctx, span, msg)
+		command, payload, fault := s.invoke(ctx, span, msg, tc, cmp.Or(limits.Device, s.cfg.DeviceMaxInFlight))
 		s.finish(msg, span, command, payload, fault)
 	})
+}
+
+// refuse counts a call refused by a limit and returns its fault: BUSY for
+// the replica's and a device's limit, RATE_LIMITED for the tenant's share,
+// with the limit and a retry hint in the details (wire.LimitDetails).
+func (s *Service) refuse(tenant, limit string, max int) *wire.Fault {
+	s.refused.WithLabelValues(telemetry.LabelShim, tenant, limit).Inc()
+	f := &wire.Fault{Code: wire.FaultBusy}
+	switch limit {
+	case wire.LimitTenant:
+		f.Code = wire.FaultRateLimited
+		f.Message = "tenant has " + strconv.Itoa(max) + " invokes in flight, its limit on this shim replica"
+	case wire.LimitDevice:
+		f.Message = "device has " + strconv.Itoa(max) + " invokes in flight, the tenant's limit per device"
+	default:
+		f.Message = "shim replica has " + strconv.Itoa(max) + " invokes in flight, its limit"
+	}
+	d := make([]byte, 0, 64)
+	d = append(d, `{"limit":"`...)
+	d = append(d, limit...)
+	d = append(d, `","max":`...)
+	d = strconv.AppendInt(d, int64(max), 10)
+	d = append(d, `,"retryAfterMs":`...)
+	d = strconv.AppendInt(d, s.cfg.RetryAfter.Milliseconds(), 10)
+	f.Details = append(d, '}')
+	return f
 }
 
 // finish answers the invoke, ends its span and counts it.
@@ -66,8 +114,9 @@ func (s *Service) deadline(h nats.Header) time.Time {
 // invoke runs one node.invoke: decode, find the node, translate, one request
 // to the device's hub, map the answer. It returns the command ("" when the
 // request is unreadable) with the result. span is the invoke's handler span
-// and ctx carries it.
-func (s *Service) invoke(ctx context.Context, span *telemetry.Span, msg *nats.Msg) (string, json.RawMessage, *wire.Fault) {
+// and ctx carries it; tc counts the tenant's calls, of which at most
+// deviceMax may be in flight to one device.
+func (s *Service) invoke(ctx context.Context, span *telemetry.Span, msg *nats.Msg, tc *inflight.Tenant, deviceMax int) (string, json.RawMessage, *wire.Fault) {
 	deadline := s.deadline(msg.Header)
 	tenant, req, fault := parseInvoke(msg.Subject, msg.Data)
 	if fault != nil {
@@ -95,6 +144,11 @@ func (s *Service) invoke(ctx context.Context, span *telemetry.Span, msg *nats.Ms
 	if fault != nil {
 		return req.Command, nil, fault
 	}
+	device := cmp.Or(rec.Device, rec.NodeID) // the registry's copy, stable as a map key
+	if !tc.AcquireDevice(device, deviceMax) {
+		return req.Command, nil, s.refuse(tenant, wire.LimitDevice, deviceMax)
+	}
+	defer tc.ReleaseDevice(device)
 
 	// The hub learns tenant and device from the subject; the headers carry
 	// the deadline and the handler span's trace context (InjectMsg below).

@@ -27,6 +27,7 @@ import (
 	"github.com/xiaoclaw/xiaoclaw/pkg/telemetry"
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
 	"github.com/xiaoclaw/xiaoclaw/services/shim/internal/catalog"
+	"github.com/xiaoclaw/xiaoclaw/services/shim/internal/inflight"
 	"github.com/xiaoclaw/xiaoclaw/services/shim/internal/nodes"
 )
 
@@ -45,6 +46,19 @@ type Config struct {
 	// MaxInFlight bounds the invokes one replica runs at once; beyond it a
 	// call fails with BUSY. Default 10000.
 	MaxInFlight int
+	// TenantMaxInFlight is a tenant's default share of the replica: the
+	// invokes of one tenant it runs at once; beyond it the tenant's calls
+	// fail with RATE_LIMITED while other tenants' calls go on. A tenant
+	// record's limit (header wire.HeaderInflightLimits) replaces it.
+	// Default a tenth of MaxInFlight (1000).
+	TenantMaxInFlight int
+	// DeviceMaxInFlight is a tenant's default share per device: the invokes
+	// to one device the replica runs at once; beyond it calls to that
+	// device fail with BUSY. A tenant record's limit replaces it. Default 32.
+	DeviceMaxInFlight int
+	// RetryAfter is the retry hint (retryAfterMs) of a call refused by a
+	// limit. Default 1 s.
+	RetryAfter time.Duration
 	// MaxRequestBytes bounds a node.invoke request; a larger one fails with
 	// PAYLOAD_TOO_LARGE. Default 128 KiB.
 	MaxRequestBytes int
@@ -81,6 +95,15 @@ func (c *Config) setDefaults() {
 	if c.MaxInFlight == 0 {
 		c.MaxInFlight = 10000
 	}
+	if c.TenantMaxInFlight == 0 {
+		c.TenantMaxInFlight = max(1, c.MaxInFlight/10)
+	}
+	if c.DeviceMaxInFlight == 0 {
+		c.DeviceMaxInFlight = 32
+	}
+	if c.RetryAfter == 0 {
+		c.RetryAfter = time.Second
+	}
 	if c.MaxRequestBytes == 0 {
 		c.MaxRequestBytes = 128 << 10
 	}
@@ -108,8 +131,11 @@ func (c Config) Validate() error {
 	if c.DefaultTimeout > c.MaxTimeout {
 		errs = append(errs, fmt.Errorf("default timeout %s exceeds the max timeout %s", c.DefaultTimeout, c.MaxTimeout))
 	}
-	if c.MaxInFlight < 0 || c.MaxRequestBytes < 0 || c.EventWorkers < 0 {
+	if c.MaxInFlight < 0 || c.MaxRequestBytes < 0 || c.EventWorkers < 0 || c.TenantMaxInFlight < 0 || c.DeviceMaxInFlight < 0 || c.RetryAfter < 0 {
 		errs = append(errs, errors.New("limits must not be negative"))
+	}
+	if c.TenantMaxInFlight > wire.MaxInflightLimit || c.DeviceMaxInFlight > wire.MaxInflightLimit {
+		errs = append(errs, fmt.Errorf("per-tenant and per-device limits must be at most %d", wire.MaxInflightLimit))
 	}
 	return errors.Join(errs...)
 }
@@ -125,6 +151,7 @@ type Service struct {
 	reg *nodes.Registry // set by Run before ready closes
 
 	sem      chan struct{} // one slot per invoke in flight
+	tenants  inflight.Table
 	inflight sync.WaitGroup
 	workers  *gopool.Pool // runs the invokes
 
@@ -133,6 +160,7 @@ type Service struct {
 
 	tracer     trace.Tracer
 	invokes    *prometheus.CounterVec
+	refused    *prometheus.CounterVec
 	hopShimHub prometheus.Observer
 }
 
@@ -161,6 +189,9 @@ func New(cfg Config, nc *nats.Conn, log *slog.Logger) (*Service, error) {
 	s.tracer = cfg.TracerProvider.Tracer(telemetry.ScopeName)
 	var err error
 	if s.invokes, err = telemetry.NewInvokes(cfg.Registerer); err != nil {
+		return nil, fmt.Errorf("shim: %w", err)
+	}
+	if s.refused, err = telemetry.NewInvokesRefused(cfg.Registerer); err != nil {
 		return nil, fmt.Errorf("shim: %w", err)
 	}
 	hops, err := telemetry.NewHopDuration(cfg.Registerer)

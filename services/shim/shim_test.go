@@ -509,6 +509,10 @@ func TestConfigValidate(t *testing.T) {
 		{DefaultTimeout: time.Minute, MaxTimeout: time.Second},
 		{DefaultTimeout: -time.Second},
 		{MaxInFlight: -1},
+		{TenantMaxInFlight: -1},
+		{DeviceMaxInFlight: -5},
+		{TenantMaxInFlight: wire.MaxInflightLimit + 1},
+		{RetryAfter: -time.Second},
 	}
 	for _, c := range bad {
 		if err := c.Validate(); err == nil {

@@ -32,12 +32,13 @@ func NewRecorder() *Recorder { return &Recorder{sr: tracetest.NewSpanRecorder()}
 
 // Provider builds a tracer provider for service through
 // telemetry.NewTracerProvider (same resource and sampler code as
-// production; env may set OTEL_* variables, nil for none), recording into r.
-// It is shut down when the test ends.
+// production), recording into r. env sets OTEL_* variables of the process
+// for the test (t.Setenv: the SDK reads the environment itself), nil for
+// none. It is shut down when the test ends.
 func (r *Recorder) Provider(t testing.TB, service string, env map[string]string) *telemetry.TracerProvider {
 	t.Helper()
+	SetEnv(t, env)
 	tp, err := telemetry.NewTracerProvider(context.Background(), service, telemetry.Config{
-		Env:           MapEnv(env),
 		SharedProcess: true,
 		SpanProcessor: r.sr,
 	})
@@ -148,7 +149,11 @@ func Dump(spans []sdktrace.ReadOnlySpan) string {
 	return b.String()
 }
 
-// MapEnv turns a map into the Env func of telemetry.Config.
-func MapEnv(m map[string]string) func(string) string {
-	return func(k string) string { return m[k] }
+// SetEnv sets the variables of env for the rest of the test (t.Setenv:
+// not in parallel tests).
+func SetEnv(t testing.TB, env map[string]string) {
+	t.Helper()
+	for k, v := range env {
+		t.Setenv(k, v)
+	}
 }

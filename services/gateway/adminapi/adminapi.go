@@ -126,6 +126,8 @@ func New(cfg Config) (http.Handler, error) {
 			r.Use(a.tenantScope)
 			r.Get("/", a.handle(a.getTenant))
 			r.Patch("/", a.handle(a.updateTenant))
+			r.Get("/limits", a.handle(a.getLimits))
+			r.Patch("/limits", a.handle(a.globalOnly(a.updateLimits)))
 			r.Post("/suspend", a.handle(a.globalOnly(a.setStatus(tenancy.StatusSuspended))))
 			r.Post("/resume", a.handle(a.globalOnly(a.setStatus(tenancy.StatusActive))))
 			r.Get("/tokens", a.handle(a.listTokens))
@@ -249,47 +251,54 @@ func callerOf(r *http.Request) caller { return r.Context().Value(callerKey{}).(c
 // admin; other callers are refused.
 func (a *api) authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		source := authguard.Source(authguard.ClientAddr(r, a.cfg.TrustedProxies))
-		if wait := a.authFails.RetryAfter(source); wait > 0 {
-			a.authFails.Throttled(source, source)
-			tooManyFailures(w, wait)
+		c, ok := a.identify(w, r)
+		if !ok {
 			return
 		}
-		token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-		if !ok || token == "" {
-			a.authFails.Failed(source, source)
-			w.Header().Set("WWW-Authenticate", `Bearer realm="xiaoclaw"`)
-			writeError(w, &apiError{http.StatusUnauthorized, codeUnauthenticated, "a bearer token is required"})
+		if !c.global && c.principal.Role != access.RoleAdmin {
+			writeError(w, &apiError{http.StatusForbidden, codePermission, "the admin role is required"})
 			return
-		}
-		sum := sha256.Sum256([]byte(token))
-		global := false
-		for _, h := range a.adminHashes {
-			if subtle.ConstantTimeCompare(sum[:], h[:]) == 1 {
-				global = true
-			}
-		}
-		c := caller{global: global}
-		if !global {
-			p, err := a.cfg.Operators.AuthenticateOperator(r.Context(), token)
-			switch {
-			case errors.Is(err, access.ErrUnauthenticated):
-				a.authFails.Failed(source, source)
-				w.Header().Set("WWW-Authenticate", `Bearer realm="xiaoclaw", error="invalid_token"`)
-				writeError(w, &apiError{http.StatusUnauthorized, codeUnauthenticated, "invalid, expired or revoked token"})
-				return
-			case err != nil:
-				a.cfg.Log.Error("admin API authentication failed", "err", err)
-				writeError(w, &apiError{http.StatusServiceUnavailable, codeUnavailable, "credentials cannot be checked right now"})
-				return
-			case p.Role != access.RoleAdmin:
-				writeError(w, &apiError{http.StatusForbidden, codePermission, "the admin role is required"})
-				return
-			}
-			c.principal = p
 		}
 		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), callerKey{}, c)))
 	})
+}
+
+// identify resolves the bearer token to a global admin or a tenant's
+// principal of any role, throttling failures per source; it answers the
+// refusals itself and reports whether there is a caller.
+func (a *api) identify(w http.ResponseWriter, r *http.Request) (caller, bool) {
+	source := authguard.Source(authguard.ClientAddr(r, a.cfg.TrustedProxies))
+	if wait := a.authFails.RetryAfter(source); wait > 0 {
+		a.authFails.Throttled(source, source)
+		tooManyFailures(w, wait)
+		return caller{}, false
+	}
+	token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if !ok || token == "" {
+		a.authFails.Failed(source, source)
+		w.Header().Set("WWW-Authenticate", `Bearer realm="xiaoclaw"`)
+		writeError(w, &apiError{http.StatusUnauthorized, codeUnauthenticated, "a bearer token is required"})
+		return caller{}, false
+	}
+	sum := sha256.Sum256([]byte(token))
+	for _, h := range a.adminHashes {
+		if subtle.ConstantTimeCompare(sum[:], h[:]) == 1 {
+			return caller{global: true}, true
+		}
+	}
+	p, err := a.cfg.Operators.AuthenticateOperator(r.Context(), token)
+	switch {
+	case errors.Is(err, access.ErrUnauthenticated):
+		a.authFails.Failed(source, source)
+		w.Header().Set("WWW-Authenticate", `Bearer realm="xiaoclaw", error="invalid_token"`)
+		writeError(w, &apiError{http.StatusUnauthorized, codeUnauthenticated, "invalid, expired or revoked token"})
+		return caller{}, false
+	case err != nil:
+		a.cfg.Log.Error("admin API authentication failed", "err", err)
+		writeError(w, &apiError{http.StatusServiceUnavailable, codeUnavailable, "credentials cannot be checked right now"})
+		return caller{}, false
+	}
+	return caller{principal: p}, true
 }
 
 // tenantScope answers "not found" for a tenant that does not exist or that

@@ -35,7 +35,13 @@ type env struct {
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	e := &env{t: t, store: tenancytest.SQLite(t)}
+	return newEnvOn(t, tenancytest.SQLite(t))
+}
+
+// newEnvOn serves the admin API over store.
+func newEnvOn(t *testing.T, store *tenancy.SQLStore) *env {
+	t.Helper()
+	e := &env{t: t, store: store}
 	ops := tenancy.NewOperatorAuth(e.store, tenancy.CacheConfig{}, quiet)
 	engine, err := policy.New(policy.Config{Store: e.store, Log: quiet})
 	if err != nil {
@@ -337,6 +343,15 @@ func TestBadInputIsRefusedWithoutChanges(t *testing.T) {
 		{admin, "POST", "/api/tenants/acme/policy/explain", `{"subject":"*","object":"xz-1","action":"x","args":[1]}`, "", 400, "invalid_argument"},
 		{admin, "POST", "/api/tenants/acme/policy/explain", `{"subject":"role:root","object":"xz-1","action":"x"}`, "", 400, "invalid_argument"},
 		{admin, "POST", "/api/tenants/acme/policy/explain", `{"subject":"tok_aaaaaaaaaaaaaaaa","object":"xz-1","action":"x"}`, "", 400, "invalid_argument"},
+		{globalToken, "PATCH", "/api/tenants/acme/limits", `{"maxInflight":-1}`, "", 400, "invalid_argument"},
+		{globalToken, "PATCH", "/api/tenants/acme/limits", `{"maxInflight":5,"maxInflightPerDevice":1000001}`, "", 400, "invalid_argument"},
+		{globalToken, "PATCH", "/api/tenants/acme/limits", `{"maxInflight":"10"}`, "", 400, "invalid_argument"},
+		{globalToken, "PATCH", "/api/tenants/acme/limits", `{"maxInflight":1.5}`, "", 400, "invalid_argument"},
+		{globalToken, "PATCH", "/api/tenants/acme/limits", `{}`, "", 400, "invalid_argument"},
+		{globalToken, "PATCH", "/api/tenants/acme/limits", `{"maxInflights":10}`, "", 400, "invalid_argument"},
+		{globalToken, "PATCH", "/api/tenants/ghost/limits", `{"maxInflight":10}`, "", 404, "not_found"},
+		{admin, "PATCH", "/api/tenants/acme/limits", `{"maxInflight":100000}`, "", 403, "permission_denied"},
+		{admin, "PATCH", "/api/tenants/acme", `{"maxInflight":100000}`, "", 400, "invalid_argument"},
 		{admin, "GET", "/api/nothing-here", "", "", 404, "not_found"},
 		{admin, "DELETE", "/api/tenants/acme", "", "", 405, "method_not_allowed"},
 	}
@@ -419,4 +434,35 @@ func TestConfigChecks(t *testing.T) {
 	if err == nil {
 		t.Fatal("a short global admin token was accepted")
 	}
+}
+
+// A global admin sets a tenant's limits; the tenant's admin reads them but
+// cannot raise them. Both stores.
+func TestTenantLimitsRoundTrip(t *testing.T) {
+	tenancytest.Each(t, func(t *testing.T, store *tenancy.SQLStore) {
+		e := newEnvOn(t, store)
+		admin := e.tenantAdmin("acme")
+		limits := func(b map[string]any) string { return fmt.Sprint(b["maxInflight"], "/", b["maxInflightPerDevice"]) }
+		if got := limits(e.must(admin, "GET", "/api/tenants/acme/limits", "", http.StatusOK)); got != "0/0" {
+			t.Fatalf("new tenant limits = %s, want 0/0 (the shim's defaults)", got)
+		}
+		got := e.must(globalToken, "PATCH", "/api/tenants/acme/limits", `{"maxInflight":200,"maxInflightPerDevice":4}`, http.StatusOK)
+		if limits(got) != "200/4" {
+			t.Fatalf("PATCH answered %v", got)
+		}
+		got = e.must(globalToken, "PATCH", "/api/tenants/acme/limits", `{"maxInflightPerDevice":0}`, http.StatusOK)
+		if limits(got) != "200/0" {
+			t.Fatalf("PATCH of one limit answered %v", got)
+		}
+		tn := e.must(admin, "GET", "/api/tenants/acme", "", http.StatusOK)
+		if l, _ := tn["limits"].(map[string]any); limits(l) != "200/0" {
+			t.Fatalf("tenant = %v", tn)
+		}
+		if r := e.do(admin, "PATCH", "/api/tenants/acme/limits", `{"maxInflight":5000}`); r.status != http.StatusForbidden {
+			t.Fatalf("tenant admin raised its own limit: %d %s", r.status, r.raw)
+		}
+		if got := limits(e.must(admin, "GET", "/api/tenants/acme/limits", "", http.StatusOK)); got != "200/0" {
+			t.Fatalf("limits after a refused change = %s", got)
+		}
+	})
 }

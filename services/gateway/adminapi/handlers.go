@@ -33,6 +33,13 @@ type TenantPatch struct {
 	DefaultEffect *string `json:"defaultEffect,omitempty"`
 }
 
+// LimitsPatch is the body of PATCH /api/tenants/{tenant}/limits: the
+// limits to change, 0 restoring the shim's default.
+type LimitsPatch struct {
+	MaxInflight          *int `json:"maxInflight,omitempty"`
+	MaxInflightPerDevice *int `json:"maxInflightPerDevice,omitempty"`
+}
+
 // TokenRequest is the body of POST /api/tenants/{tenant}/tokens.
 type TokenRequest struct {
 	Name string `json:"name,omitempty"`
@@ -165,6 +172,26 @@ func (a *api) updateTenant(r *http.Request) (int, any, error) {
 	t, err := a.cfg.Manager.UpdateTenant(r.Context(), tenantParam(r),
 		tenancy.TenantUpdate{DisplayName: p.DisplayName, DefaultEffect: p.DefaultEffect})
 	return http.StatusOK, t, err
+}
+
+func (a *api) getLimits(r *http.Request) (int, any, error) {
+	t, err := a.store.Tenant(r.Context(), tenantParam(r))
+	return http.StatusOK, t.Limits, err
+}
+
+// updateLimits changes a tenant's shares of the shims. Only a global admin
+// may: a tenant admin raising its own share would take it from the others.
+func (a *api) updateLimits(r *http.Request) (int, any, error) {
+	var p LimitsPatch
+	if err := a.decode(r, &p); err != nil {
+		return 0, nil, err
+	}
+	if p.MaxInflight == nil && p.MaxInflightPerDevice == nil {
+		return 0, nil, invalid("name maxInflight, maxInflightPerDevice or both")
+	}
+	t, err := a.cfg.Manager.UpdateTenant(r.Context(), tenantParam(r),
+		tenancy.TenantUpdate{MaxInflight: p.MaxInflight, MaxInflightPerDevice: p.MaxInflightPerDevice})
+	return http.StatusOK, t.Limits, err
 }
 
 func (a *api) setStatus(status string) handlerFunc {

@@ -1,11 +1,7 @@
 package adminapi
 
 import (
-	"crypto/sha256"
-	"crypto/subtle"
-	"errors"
 	"net/http"
-	"strings"
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/access"
 )
@@ -26,29 +22,13 @@ type WhoAmI struct {
 // whoami answers for any valid token, whatever its role: unlike the other
 // endpoints it does not require the admin role.
 func (a *api) whoami(w http.ResponseWriter, r *http.Request) {
-	token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	if !ok || token == "" {
-		w.Header().Set("WWW-Authenticate", `Bearer realm="xiaoclaw"`)
-		writeError(w, &apiError{http.StatusUnauthorized, codeUnauthenticated, "a bearer token is required"})
-		return
-	}
-	sum := sha256.Sum256([]byte(token))
-	for _, h := range a.adminHashes {
-		if subtle.ConstantTimeCompare(sum[:], h[:]) == 1 {
-			writeJSON(w, http.StatusOK, WhoAmI{Global: true, Role: access.RoleAdmin})
-			return
-		}
-	}
-	p, err := a.cfg.Operators.AuthenticateOperator(r.Context(), token)
+	c, ok := a.identify(w, r)
 	switch {
-	case errors.Is(err, access.ErrUnauthenticated):
-		w.Header().Set("WWW-Authenticate", `Bearer realm="xiaoclaw", error="invalid_token"`)
-		writeError(w, &apiError{http.StatusUnauthorized, codeUnauthenticated, "invalid, expired or revoked token"})
-		return
-	case err != nil:
-		a.cfg.Log.Error("admin API authentication failed", "err", err)
-		writeError(w, &apiError{http.StatusServiceUnavailable, codeUnavailable, "credentials cannot be checked right now"})
-		return
+	case !ok:
+	case c.global:
+		writeJSON(w, http.StatusOK, WhoAmI{Global: true, Role: access.RoleAdmin})
+	default:
+		p := c.principal
+		writeJSON(w, http.StatusOK, WhoAmI{Tenant: p.Tenant, Principal: p.ID, Name: p.Name, Role: p.Role})
 	}
-	writeJSON(w, http.StatusOK, WhoAmI{Tenant: p.Tenant, Principal: p.ID, Name: p.Name, Role: p.Role})
 }

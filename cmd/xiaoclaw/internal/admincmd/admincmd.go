@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -192,9 +193,55 @@ func tenantCommand(env func(string) string) *cobra.Command {
 	})
 	update.Flags().StringVar(&upDisplay, "display-name", "", "human-readable name")
 	update.Flags().StringVar(&upDefault, "default", "", "effect when no policy rule matches: allow or deny")
-	cmd.AddCommand(create, list, update,
+	cmd.AddCommand(create, list, update, limitsCommand(c), setLimitsCommand(c),
 		status("suspend", "Suspend a tenant: its tokens and devices stop working (global admin token)"),
 		status("resume", "Make a suspended tenant active again (global admin token)"))
+	return cmd
+}
+
+const limitsHeader = "TENANT\tMAX-INFLIGHT\tMAX-INFLIGHT-PER-DEVICE"
+
+func limitRows(tenant string, l tenancy.Limits) [][]string {
+	show := func(v int) string {
+		if v == 0 {
+			return "default"
+		}
+		return strconv.Itoa(v)
+	}
+	return [][]string{{tenant, show(l.MaxInflight), show(l.MaxInflightPerDevice)}}
+}
+
+func limitsCommand(c *common) *cobra.Command {
+	return leaf("limits NAME", "Show a tenant's in-flight limits on each shim replica (default: the shim's)", cobra.ExactArgs(1),
+		func(cmd *cobra.Command, args []string) error {
+			var l tenancy.Limits
+			return c.run(cmd, "GET", "/api/tenants/"+seg(args[0])+"/limits", nil, &l, func(w io.Writer) error {
+				return table(w, limitsHeader, limitRows(args[0], l))
+			})
+		})
+}
+
+func setLimitsCommand(c *common) *cobra.Command {
+	var maxInflight, perDevice int
+	cmd := leaf("set-limits NAME", "Change a tenant's in-flight limits on each shim replica; 0 restores the shim's default (global admin token)",
+		cobra.ExactArgs(1), func(cmd *cobra.Command, args []string) error {
+			var patch adminapi.LimitsPatch
+			if cmd.Flags().Changed("max-inflight") {
+				patch.MaxInflight = &maxInflight
+			}
+			if cmd.Flags().Changed("max-inflight-per-device") {
+				patch.MaxInflightPerDevice = &perDevice
+			}
+			if patch.MaxInflight == nil && patch.MaxInflightPerDevice == nil {
+				return fmt.Errorf("nothing to change: pass --max-inflight or --max-inflight-per-device")
+			}
+			var l tenancy.Limits
+			return c.run(cmd, "PATCH", "/api/tenants/"+seg(args[0])+"/limits", patch, &l, func(w io.Writer) error {
+				return table(w, limitsHeader, limitRows(args[0], l))
+			})
+		})
+	cmd.Flags().IntVar(&maxInflight, "max-inflight", 0, "calls of the tenant in flight at once (more fail with RATE_LIMITED); 0: the shim's default")
+	cmd.Flags().IntVar(&perDevice, "max-inflight-per-device", 0, "calls in flight to any one device (more fail with BUSY); 0: the shim's default")
 	return cmd
 }
 

@@ -28,7 +28,12 @@ var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 // server runs the real admin API on a SQLite store.
 func server(t *testing.T) (*httptest.Server, tenancy.Store) {
 	t.Helper()
-	store := tenancytest.SQLite(t)
+	return serverOn(t, tenancytest.SQLite(t))
+}
+
+// serverOn runs the real admin API on store.
+func serverOn(t *testing.T, store *tenancy.SQLStore) (*httptest.Server, tenancy.Store) {
+	t.Helper()
 	ops := tenancy.NewOperatorAuth(store, tenancy.CacheConfig{}, quiet)
 	engine, err := policy.New(policy.Config{Store: store, Log: quiet})
 	if err != nil {
@@ -207,6 +212,11 @@ func TestCLIErrors(t *testing.T) {
 		{global, []string{"tenant", "create", "acme"}, "already_exists"},
 		{global, []string{"tenant", "create", "Bad_Name"}, "invalid_argument"},
 		{global, []string{"tenant", "update", "acme"}, "nothing to change"},
+		{global, []string{"tenant", "set-limits", "acme"}, "nothing to change"},
+		{global, []string{"tenant", "set-limits", "acme", "--max-inflight", "-1"}, "invalid_argument"},
+		{global, []string{"tenant", "set-limits", "acme", "--max-inflight-per-device", "2000000"}, "invalid_argument"},
+		{global, []string{"tenant", "set-limits", "acme", "--max-inflight", "ten"}, "invalid argument"},
+		{global, []string{"tenant", "set-limits", "ghost", "--max-inflight", "10"}, "not_found"},
 		{map[string]string{"XIAOCLAW_SERVER": srv.URL}, []string{"tenant", "list"}, "no token"},
 		{map[string]string{"XIAOCLAW_SERVER": srv.URL, "XIAOCLAW_TOKEN": "wrong"}, []string{"tenant", "list"}, "unauthenticated"},
 		{map[string]string{"XIAOCLAW_SERVER": "http://127.0.0.1:1", "XIAOCLAW_TOKEN": "x"}, []string{"tenant", "list"}, "cannot reach"},
@@ -228,4 +238,46 @@ func TestCLIErrors(t *testing.T) {
 	if out, err := xiaoclaw(ws, "tenant", "list"); err != nil || !strings.Contains(out, "acme") {
 		t.Fatalf("ws:// server: %v %s", err, out)
 	}
+}
+
+// tenant set-limits and tenant limits against the real admin API, on both
+// stores; a tenant admin reads its limits but cannot change them.
+func TestCLITenantLimits(t *testing.T) {
+	tenancytest.Each(t, func(t *testing.T, store *tenancy.SQLStore) {
+		srv, _ := serverOn(t, store)
+		global := map[string]string{"XIAOCLAW_SERVER": srv.URL, "XIAOCLAW_TOKEN": globalToken}
+		run := func(env map[string]string, args ...string) string {
+			t.Helper()
+			out, err := xiaoclaw(env, args...)
+			if err != nil {
+				t.Fatalf("xiaoclaw %s: %v\n%s", strings.Join(args, " "), err, out)
+			}
+			return out
+		}
+		run(global, "tenant", "create", "acme")
+		if out := run(global, "tenant", "limits", "acme"); strings.Join(strings.Fields(lastLine(out)), " ") != "acme default default" {
+			t.Fatalf("new tenant limits:\n%s", out)
+		}
+		out := run(global, "tenant", "set-limits", "acme", "--max-inflight", "200", "--max-inflight-per-device", "4")
+		if f := strings.Fields(lastLine(out)); len(f) != 3 || f[1] != "200" || f[2] != "4" {
+			t.Fatalf("set-limits printed:\n%s", out)
+		}
+		run(global, "tenant", "set-limits", "acme", "--max-inflight-per-device", "0")
+		tn, err := store.Tenant(context.Background(), "acme")
+		if err != nil || tn.Limits != (tenancy.Limits{MaxInflight: 200}) {
+			t.Fatalf("stored limits = %+v, %v", tn.Limits, err)
+		}
+		var l tenancy.Limits
+		if err := json.Unmarshal([]byte(run(global, "tenant", "limits", "acme", "--json")), &l); err != nil || l.MaxInflight != 200 {
+			t.Fatalf("--json limits = %+v, %v", l, err)
+		}
+		admin := map[string]string{"XIAOCLAW_SERVER": srv.URL,
+			"XIAOCLAW_TOKEN": lastLine(run(global, "token", "create", "--tenant", "acme", "--role", "admin"))}
+		if f := strings.Fields(lastLine(run(admin, "tenant", "limits", "acme"))); len(f) != 3 || f[1] != "200" {
+			t.Fatalf("tenant admin reads %v", f)
+		}
+		if out, err := xiaoclaw(admin, "tenant", "set-limits", "acme", "--max-inflight", "100000"); err == nil || !strings.Contains(err.Error(), "permission_denied") {
+			t.Fatalf("tenant admin set its own limits: %v %s", err, out)
+		}
+	})
 }

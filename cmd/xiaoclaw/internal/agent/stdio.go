@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
@@ -41,6 +42,7 @@ type stdioServer struct {
 	mu      sync.Mutex
 	session *mcp.ClientSession
 	up      chan struct{} // closed while session is set
+	gone    chan struct{} // closed once session is let go of
 	cancel  context.CancelFunc
 	done    chan struct{}
 }
@@ -127,8 +129,9 @@ func (s *stdioServer) runOnce(ctx context.Context) error {
 	if err := s.list(ctx, cs); err != nil {
 		return err
 	}
+	gone := make(chan struct{})
 	s.mu.Lock()
-	s.session = cs
+	s.session, s.gone = cs, gone
 	close(s.up)
 	s.mu.Unlock()
 	s.log.Info("agent: stdio server up")
@@ -137,6 +140,7 @@ func (s *stdioServer) runOnce(ctx context.Context) error {
 		s.session = nil
 		s.up = make(chan struct{})
 		s.mu.Unlock()
+		close(gone)
 	}()
 	waited := make(chan error, 1)
 	go func() { waited <- cs.Wait() }()
@@ -177,12 +181,25 @@ func (s *stdioServer) call(ctx context.Context, tool string, args json.RawMessag
 	defer cancel()
 	for {
 		s.mu.Lock()
-		cs, up := s.session, s.up
+		cs, up, gone := s.session, s.up, s.gone
 		s.mu.Unlock()
 		if cs != nil {
 			res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: tool, Arguments: args})
 			if err != nil && ctx.Err() != nil {
 				return nil, &TimeoutError{Tool: s.name + namespaceSeparator + tool, After: s.timeout}
+			}
+			var rpcErr *jsonrpc.Error
+			if err != nil && !errors.As(err, &rpcErr) {
+				// The transport failed under this call, which may have
+				// reached the server: never resent. When the server died,
+				// answer once the supervisor has let go of its session, so
+				// that the calls after this one wait for the restart instead
+				// of meeting the dead session too.
+				select {
+				case <-gone:
+				case <-ctx.Done():
+				case <-time.After(time.Second):
+				}
 			}
 			return res, err
 		}

@@ -393,6 +393,7 @@ func (s *Stack) AddGateway(name, addr string) (*Component, error) {
 		Addr:       addr,
 		Instance:   name,
 		Auth:       s.Tenancy.OperatorAuth,
+		Limits:     s.Tenancy.Operator,
 		Authorizer: s.Tenancy.Policy,
 		Auditor:    s.Audit.Auditor(),
 		AdminAPI:   adminRoutes(s.Tenancy.AdminAPI, s.Audit.API),

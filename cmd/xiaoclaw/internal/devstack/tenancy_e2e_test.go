@@ -20,7 +20,7 @@ type tenantFixture struct {
 	tokID string
 }
 
-func newTenant(t *testing.T, st *Stack, id string) tenantFixture {
+func newTenant(t testing.TB, st *Stack, id string) tenantFixture {
 	t.Helper()
 	ctx := context.Background()
 	m := st.Tenancy.Manager
@@ -39,7 +39,7 @@ func newTenant(t *testing.T, st *Stack, id string) tenantFixture {
 
 // tenantDevice connects a simulated device with a bearer token minted from
 // the tenant's device key.
-func tenantDevice(t *testing.T, st *Stack, tenant string, hub int, mac string) (*xzsim.Device, error) {
+func tenantDevice(t testing.TB, st *Stack, tenant string, hub int, mac string) (*xzsim.Device, error) {
 	t.Helper()
 	cfg := xzsim.Config{URL: st.DeviceURL(hub), MAC: mac}
 	d, err := xzsim.NewDevice(cfg)
@@ -63,7 +63,7 @@ func tenantDevice(t *testing.T, st *Stack, tenant string, hub int, mac string) (
 	return d, nil
 }
 
-func dialAs(t *testing.T, url, token string, onEvent func(occlient.Event)) *occlient.Client {
+func dialAs(t testing.TB, url, token string, onEvent func(occlient.Event)) *occlient.Client {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
 	defer cancel()

@@ -15,13 +15,14 @@ import (
 	"testing"
 	"time"
 
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/embedded"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/occlient"
 	"github.com/xiaoclaw/xiaoclaw/pkg/telemetry"
-	"github.com/xiaoclaw/xiaoclaw/pkg/telemetry/telemetrytest"
 )
 
 // invokeDriver runs node.invoke calls with 64 in flight from 8 operator
@@ -90,23 +91,53 @@ func processCPU(b *testing.B) time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-// tracingProvider is one service's provider tracing a share of the invokes
-// (three spans each, through the batch processor into an exporter that drops
-// them): every one at ratio 1, none with tracing off (ratio 0: the no-op
-// provider a service gets without OTEL_* variables). With otlpURL set the
-// spans go to that OTLP/HTTP endpoint instead, as a deployed service's do.
-func tracingProvider(b *testing.B, service string, ratio float64, otlpURL string) trace.TracerProvider {
+// tracingMode is how a benchmark's services trace.
+type tracingMode struct {
+	name string
+	// none: no tracer provider at all (the services' no-op default), the
+	// baseline without tracing; otherwise telemetry.NewTracerProvider.
+	none bool
+	// ratio of invokes sampled (parentbased_traceidratio) into a batch span
+	// processor with an exporter that drops them; 0 is tracing off (no
+	// exporter: trace ids only).
+	ratio float64
+	// otlp: the sampled spans go over OTLP/HTTP to a receiver in this
+	// process instead, as a deployed service's do.
+	otlp bool
+}
+
+var (
+	modeNone      = tracingMode{name: "none", none: true}
+	modeOff       = tracingMode{name: "off"}
+	modeSampled10 = tracingMode{name: "sampled10", ratio: 0.1}
+	modeSampled   = tracingMode{name: "sampled", ratio: 1}
+	modeExported  = tracingMode{name: "exported", ratio: 1, otlp: true}
+	// exported10 is the Helm chart's default as deployed.
+	modeExported10 = tracingMode{name: "exported10", ratio: 0.1, otlp: true}
+)
+
+// tracingProvider is one service's provider in mode m; otlpURL is the
+// receiver of an otlp mode. The SDK reads OTEL_* from the process
+// environment, so each provider sets all it depends on (b.Setenv).
+func tracingProvider(b *testing.B, service string, m tracingMode, otlpURL string) trace.TracerProvider {
+	if m.none {
+		return noop.NewTracerProvider()
+	}
 	ctx := context.Background()
 	cfg := telemetry.Config{SharedProcess: true}
-	if ratio > 0 {
-		env := map[string]string{
-			"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": strconv.FormatFloat(ratio, 'f', -1, 64)}
-		if otlpURL != "" {
+	env := map[string]string{"OTEL_TRACES_SAMPLER": "", "OTEL_TRACES_SAMPLER_ARG": "", "OTEL_TRACES_EXPORTER": "",
+		"OTEL_EXPORTER_OTLP_ENDPOINT": "", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "", "OTEL_SDK_DISABLED": ""}
+	if m.ratio > 0 {
+		env["OTEL_TRACES_SAMPLER"] = "parentbased_traceidratio"
+		env["OTEL_TRACES_SAMPLER_ARG"] = strconv.FormatFloat(m.ratio, 'f', -1, 64)
+		if m.otlp {
 			env["OTEL_EXPORTER_OTLP_ENDPOINT"] = otlpURL
 		} else {
-			cfg.SpanProcessor = telemetry.NewBatchProcessor(tracetest.NewNoopExporter(), telemetry.BatchOptions{})
+			cfg.SpanProcessor = sdktrace.NewBatchSpanProcessor(tracetest.NewNoopExporter())
 		}
-		cfg.Env = telemetrytest.MapEnv(env)
+	}
+	for k, v := range env {
+		b.Setenv(k, v)
 	}
 	tp, err := telemetry.NewTracerProvider(ctx, service, cfg)
 	if err != nil {
@@ -116,13 +147,13 @@ func tracingProvider(b *testing.B, service string, ratio float64, otlpURL string
 	return tp
 }
 
-// tracingConfig is a stack whose three services trace at ratio (exporting
-// to otlpURL when set).
-func tracingConfig(b *testing.B, ratio float64, otlpURL string) Config {
+// tracingConfig is a stack whose three services trace in mode m
+// (exporting to otlpURL in an otlp mode).
+func tracingConfig(b *testing.B, m tracingMode, otlpURL string) Config {
 	return Config{
-		GatewayTracerProvider: tracingProvider(b, telemetry.ServiceGateway, ratio, otlpURL),
-		ShimTracerProvider:    tracingProvider(b, telemetry.ServiceShim, ratio, otlpURL),
-		HubTracerProvider:     tracingProvider(b, telemetry.ServiceDevicehub, ratio, otlpURL),
+		GatewayTracerProvider: tracingProvider(b, telemetry.ServiceGateway, m, otlpURL),
+		ShimTracerProvider:    tracingProvider(b, telemetry.ServiceShim, m, otlpURL),
+		HubTracerProvider:     tracingProvider(b, telemetry.ServiceDevicehub, m, otlpURL),
 		Registerer:            telemetry.NewRegistry(),
 	}
 }
@@ -142,9 +173,9 @@ func otlpSink(b *testing.B) string {
 
 // switchProvider gives a service tracers that start their spans with one of
 // several providers, the one at index *active, so one stack can take turns
-// at every tracing mode. With a no-op provider active, the helpers of
+// at every tracing mode. With the no-op provider active, the helpers of
 // telemetry do not recognise the tracer as no-op and start a no-op span: a
-// few tens of nanoseconds more than a service with tracing off pays.
+// few tens of nanoseconds more than a service without a provider pays.
 type switchProvider struct {
 	embedded.TracerProvider
 	providers []trace.TracerProvider
@@ -170,31 +201,33 @@ func (t switchTracer) Start(ctx context.Context, name string, opts ...trace.Span
 }
 
 // BenchmarkInvokeTracingCost measures full-path invokes of one stack whose
-// services switch between tracing off, a tenth of the invokes sampled and
-// every one sampled, plus a second "off" (off2) that shows how far two
-// identical modes drift apart in the same run: the modes take turns of
-// 1,000 invokes, in rotating order, for 30 rounds (about a minute). No
-// collection is forced: each mode pays for the garbage it makes, give or
-// take the tail of one GC cycle a turn. On a shared 2-core VM one turn
-// differs from the next by 10-20 %, and off2 lands up to 10 % away from off:
-// there this benchmark cannot resolve a 5 % effect, and
-// scripts/tracing-share.sh reads the cost from within each run's CPU
-// profile instead. On a quiet machine off2/off stays near 1.
+// services switch between no tracer provider (none, the baseline), tracing
+// off (trace ids only), a tenth of the invokes sampled and every one
+// sampled, plus a second "none" (none2) that shows how far two identical
+// modes drift apart in the same run: the modes take turns of 1,000
+// invokes, in rotating order, for 30 rounds. No collection is forced: each
+// mode pays for the garbage it makes, give or take the tail of one GC cycle
+// a turn. On a shared 2-core VM one turn differs from the next by 10-20 %:
+// read none2/none before trusting a small ratio; scripts/tracing-share.sh
+// reads the cost from within each run's CPU profile instead.
 // Metrics: invokes/s and CPU µs per invoke of each mode over all rounds;
-// the median over the rounds of each mode's ratio to off in that round
+// the median over the rounds of each mode's ratio to none in that round
 // (rate: 1 means free, 0.95 means 5 % fewer invokes per second; cpu: 1.05
 // means 5 % more CPU per invoke).
 func BenchmarkInvokeTracingCost(b *testing.B) {
-	modes := []struct {
-		name  string
-		ratio float64
-		used  []usage
-	}{{name: "off"}, {name: "off2"}, {name: "sampled10", ratio: 0.1}, {name: "sampled", ratio: 1}}
+	type mode struct {
+		tracingMode
+		used []usage
+	}
+	none2 := modeNone
+	none2.name = "none2"
+	modes := []mode{{tracingMode: modeNone}, {tracingMode: none2}, {tracingMode: modeOff},
+		{tracingMode: modeSampled10}, {tracingMode: modeSampled}}
 	var active atomic.Int32
 	switched := func(service string) trace.TracerProvider {
 		p := switchProvider{active: &active}
 		for _, m := range modes {
-			p.providers = append(p.providers, tracingProvider(b, service, m.ratio, ""))
+			p.providers = append(p.providers, tracingProvider(b, service, m.tracingMode, ""))
 		}
 		return p
 	}
@@ -224,17 +257,17 @@ func BenchmarkInvokeTracingCost(b *testing.B) {
 		}
 		return t
 	}
-	total(modes[0].used).report(b, rounds*turn, "off-")
+	total(modes[0].used).report(b, rounds*turn, "none-")
 	for _, m := range modes[1:] {
 		total(m.used).report(b, rounds*turn, m.name+"-")
 		rates, cpus := make([]float64, rounds), make([]float64, rounds)
 		for r, u := range m.used {
-			off := modes[0].used[r]
-			rates[r] = off.wall.Seconds() / u.wall.Seconds()
-			cpus[r] = u.cpu.Seconds() / off.cpu.Seconds()
+			base := modes[0].used[r]
+			rates[r] = base.wall.Seconds() / u.wall.Seconds()
+			cpus[r] = u.cpu.Seconds() / base.cpu.Seconds()
 		}
-		b.ReportMetric(median(rates), m.name+"/off-rate")
-		b.ReportMetric(median(cpus), m.name+"/off-cpu")
+		b.ReportMetric(median(rates), m.name+"/none-rate")
+		b.ReportMetric(median(cpus), m.name+"/none-cpu")
 	}
 	b.ReportMetric(float64(rounds*turn*len(modes))/float64(b.N), "invokes/op")
 }
@@ -247,25 +280,22 @@ func median(v []float64) float64 {
 	return v[len(v)/2]
 }
 
-// BenchmarkInvokeTracingMode measures one stack per process, for comparing
-// builds: scripts/bench-tracing.sh runs "off", "sampled10" and "sampled" of
-// the normal build and "off" of a build with -tags xc_omit_tracing (where
-// the others record nothing), process after process. "exported" is
-// "sampled" with the spans sent over OTLP/HTTP to a receiver in the same
-// process (scripts/tracing-share.sh). Metrics: invokes/s and CPU µs per
-// invoke.
+// BenchmarkInvokeTracingMode measures one stack per process, one mode
+// each: scripts/bench-tracing.sh runs none, off, sampled10 and sampled
+// process after process, scripts/tracing-share.sh reads their CPU
+// profiles. "none" is the services without a tracer provider, the baseline
+// without tracing; "exported" is "sampled" with the spans sent over
+// OTLP/HTTP to a receiver in the same process, "exported10" likewise for a
+// tenth of the invokes (the Helm chart's default). Metrics: invokes/s and CPU
+// µs per invoke.
 func BenchmarkInvokeTracingMode(b *testing.B) {
-	for _, mode := range []struct {
-		name  string
-		ratio float64
-		otlp  bool
-	}{{"off", 0, false}, {"sampled10", 0.1, false}, {"sampled", 1, false}, {"exported", 1, true}} {
+	for _, mode := range []tracingMode{modeNone, modeOff, modeSampled10, modeSampled, modeExported10, modeExported} {
 		b.Run(mode.name, func(b *testing.B) {
 			var otlpURL string
 			if mode.otlp {
 				otlpURL = otlpSink(b)
 			}
-			d := newInvokeDriver(b, tracingConfig(b, mode.ratio, otlpURL), 33)
+			d := newInvokeDriver(b, tracingConfig(b, mode, otlpURL), 33)
 			d.run(b, 500)
 			b.ResetTimer()
 			d.run(b, b.N).report(b, b.N, "")

@@ -178,6 +178,8 @@ XIAOCLAW_LOG_FORMAT: {{ .Values.log.format | quote }}
 OTEL_EXPORTER_OTLP_ENDPOINT: {{ .Values.otel.endpoint | quote }}
 OTEL_EXPORTER_OTLP_PROTOCOL: {{ .Values.otel.protocol | quote }}
 {{- end }}
+OTEL_TRACES_SAMPLER: {{ .Values.otel.sampler | quote }}
+OTEL_TRACES_SAMPLER_ARG: {{ .Values.otel.samplerArg | quote }}
 {{- end -}}
 
 {{- define "xiaoclaw.podSecurityContext" -}}

@@ -111,8 +111,8 @@ func run(args []string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 
-	proc, err := telemetry.StartProcess(ctx, telemetry.ProcessConfig{Service: telemetry.ServiceDevicehub, Label: telemetry.LabelDevicehub,
-		Instance: *instance, Version: version, LogLevel: *logLevel, LogFormat: *logFormat, Env: os.Getenv, Stderr: os.Stderr, Stdout: os.Stdout})
+	proc, err := telemetry.StartProcess(ctx, telemetry.ProcessConfig{Service: telemetry.ServiceDevicehub,
+		Instance: *instance, Version: version, LogLevel: *logLevel, LogFormat: *logFormat, Stderr: os.Stderr})
 	if err != nil {
 		return err
 	}

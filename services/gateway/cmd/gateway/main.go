@@ -139,8 +139,8 @@ func run(args []string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 
-	proc, err := telemetry.StartProcess(ctx, telemetry.ProcessConfig{Service: telemetry.ServiceGateway, Label: telemetry.LabelGateway,
-		Instance: *instance, Version: version, LogLevel: *logLevel, LogFormat: *logFormat, Env: os.Getenv, Stderr: os.Stderr, Stdout: os.Stdout})
+	proc, err := telemetry.StartProcess(ctx, telemetry.ProcessConfig{Service: telemetry.ServiceGateway,
+		Instance: *instance, Version: version, LogLevel: *logLevel, LogFormat: *logFormat, Stderr: os.Stderr})
 	if err != nil {
 		return err
 	}
@@ -192,6 +192,7 @@ func run(args []string) error {
 		defer be.close()
 		cfg.Auth, cfg.Authorizer, cfg.Auditor, cfg.AdminAPI = be.auth, be.policy, be.auditor, be.api
 		cfg.ConnectAuditor = be.connects
+		cfg.Limits = be.operators
 	} else {
 		log.Warn("no --database-url: static operator tokens only; no policy store, audit trail or admin API")
 	}

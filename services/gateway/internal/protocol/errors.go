@@ -251,6 +251,24 @@ func NodeFailed(code, message string, dispatched bool) *Error {
 	}{nodeError{code, message}, dispatched})
 }
 
+// NodeRefused reports a call refused before it reached the node because a
+// limit was reached (node error BUSY or RATE_LIMITED): UNAVAILABLE as other
+// node failures, but retryable, with retryAfterMs on the error and, with
+// the limit's name and value, in details (limit and max are left out when
+// unknown).
+func NodeRefused(code, message, limit string, max int, retryAfterMs int64) *Error {
+	e := errorWith(CodeUnavailable, code+": "+message, struct {
+		Code                  string    `json:"code"`
+		NodeError             nodeError `json:"nodeError"`
+		NodeCommandDispatched bool      `json:"nodeCommandDispatched"`
+		Limit                 string    `json:"limit,omitempty"`
+		Max                   int       `json:"max,omitempty"`
+		RetryAfterMs          int64     `json:"retryAfterMs,omitempty"`
+	}{code, nodeError{code, message}, false, limit, max, retryAfterMs})
+	e.Retryable, e.RetryAfterMs = true, retryAfterMs
+	return e
+}
+
 // InvokeTimedOut is the result of a node.invoke whose deadline passed.
 func InvokeTimedOut(dispatched bool) *Error {
 	return NodeFailed("TIMEOUT", "node invoke timed out", dispatched)

@@ -277,6 +277,7 @@ func TestErrorShapesAreClosed(t *testing.T) {
 		DeviceAuthFailed(DeviceSignatureBad), DeviceIdentityRequired(), NodeNotConnected(),
 		NodeFailed("DEVICE_ERROR", "boom", true), InvokeTimedOut(true), CommandNotAllowed(ReasonNotDeclared, "linux", "x"),
 		PolicyDenied(V4, "mcp.tools.call", "self.reboot", "r1", "no"), IdempotencyConflict(),
+		NodeRefused("RATE_LIMITED", "over", "tenant", 5, 1000), NodeRefused("BUSY", "device busy", "", 0, 0),
 	} {
 		b := AppendErrorResponse(nil, "id", e)
 		if !json.Valid(b) || bytes.Contains(b, []byte("null")) {

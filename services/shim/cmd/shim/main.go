@@ -11,6 +11,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -60,6 +61,9 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	defTimeout := fs.String("default-timeout", env("default-timeout", "15s"), "deadline of an invoke that carries none")
 	hubTimeout := fs.String("hub-timeout", env("hub-timeout", shim.DefaultHubTimeout.String()),
 		"mark the devices of a devicehub disconnected after this long without its heartbeat; negative: never")
+	maxInFlight := fs.String("max-inflight", env("max-inflight", "10000"), "invokes the replica runs at once; more fail with BUSY")
+	tenantInFlight := fs.String("tenant-max-inflight", env("tenant-max-inflight", "0"), "a tenant's default share: its invokes the replica runs at once, more fail with RATE_LIMITED; 0: a tenth of --max-inflight. The tenant record's limit replaces it")
+	deviceInFlight := fs.String("device-max-inflight", env("device-max-inflight", "32"), "a tenant's default share per device: invokes to one device the replica runs at once, more fail with BUSY. The tenant record's limit replaces it")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -72,12 +76,21 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		return fmt.Errorf("--hub-timeout: %w", err)
 	}
 	cfg := shim.Config{Instance: *instance, DefaultTimeout: timeout, HubTimeout: hubTO}
+	for _, l := range []struct {
+		flag string
+		v    string
+		dst  *int
+	}{{"max-inflight", *maxInFlight, &cfg.MaxInFlight}, {"tenant-max-inflight", *tenantInFlight, &cfg.TenantMaxInFlight}, {"device-max-inflight", *deviceInFlight, &cfg.DeviceMaxInFlight}} {
+		if *l.dst, err = strconv.Atoi(l.v); err != nil {
+			return fmt.Errorf("--%s: %q is not a number", l.flag, l.v)
+		}
+	}
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
 
-	proc, err := telemetry.StartProcess(ctx, telemetry.ProcessConfig{Service: telemetry.ServiceShim, Label: telemetry.LabelShim,
-		Instance: *instance, Version: version, LogLevel: *logLevel, LogFormat: *logFormat, Env: os.Getenv, Stderr: stderr, Stdout: os.Stdout})
+	proc, err := telemetry.StartProcess(ctx, telemetry.ProcessConfig{Service: telemetry.ServiceShim,
+		Instance: *instance, Version: version, LogLevel: *logLevel, LogFormat: *logFormat, Stderr: stderr})
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,2 @@
+ALTER TABLE tenants DROP COLUMN max_inflight_per_device;
+ALTER TABLE tenants DROP COLUMN max_inflight;

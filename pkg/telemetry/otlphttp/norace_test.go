@@ -1,5 +1,0 @@
-//go:build !race
-
-package otlphttp
-
-const raceEnabled = false
