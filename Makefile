@@ -63,9 +63,12 @@ tracing-share: ## what tracing costs against no tracer provider, read from CPU p
 bench-openclaw: ## node.invoke latency: the real OpenClaw gateway vs xiaoclaw, same stock node host
 	scripts/bench-openclaw.sh
 
-interop: ## run the real OpenClaw CLI and node host against xiaoclaw (installs OpenClaw from npm)
+MCP_INTEROP_DIR := services/gateway/mcpserver/interop
+
+interop: ## run real clients against xiaoclaw: the OpenClaw CLI and node host, the MCP TypeScript SDK and OpenAI Agents SDK (installs them from npm)
 	bash ../shared/tools/openclaw/openclaw-ref.sh install
 	cd "$${OCL:-$${TMPDIR:-/tmp}/openclaw-ref}" && { [ -x node_modules/.bin/mcp-server-everything ] || npm install --no-audit --no-fund @modelcontextprotocol/server-everything@2026.8.31; }
+	cd $(MCP_INTEROP_DIR) && npm ci --no-audit --no-fund
 	$(GO) test -count=1 -tags interop -run Interop -timeout 10m $(PKGS)
 
 jaeger: ## build (once) and start a local Jaeger on 127.0.0.1: OTLP 4317/4318, query API 16686

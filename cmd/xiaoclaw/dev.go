@@ -228,6 +228,7 @@ func printBanner(w io.Writer, st *devstack.Stack, c devCredentials, f *devFlags)
 	}
 	fmt.Fprintf(&b, "  admin API  http://%s/api/   admin token: %s\n", st.Gateways[0].Addr(), c.AdminToken)
 	fmt.Fprintf(&b, "  console    http://%s/ui/    (sign in with the operator or admin token)\n", st.Gateways[0].Addr())
+	fmt.Fprintf(&b, "  MCP        http://%s/mcp    (Authorization: Bearer <operator token>; docs/mcp.md)\n", st.Gateways[0].Addr())
 	switch {
 	case f.natsURL != "":
 		fmt.Fprintf(&b, "  nats       %s (external)\n", st.NATSURL())

@@ -50,6 +50,6 @@ func newRoot(env func(string) string, stdout io.Writer) *cobra.Command {
 	root.AddCommand(operatorCommands(env, stdout)...)
 	root.AddCommand(loadCommand(env, stdout), devCommand(env, stdout), simCommand(env, stdout), agentCommand(env, stdout))
 	root.AddCommand(admincmd.CommandsWithEnv(env)...)
-	root.AddCommand(migrateCommand(env, stdout), auditcmd.CommandWithEnv(env), upstreamCommand(env, stdout))
+	root.AddCommand(migrateCommand(env, stdout), auditcmd.CommandWithEnv(env), upstreamCommand(env, stdout), mcpCommand(env))
 	return root
 }

@@ -53,7 +53,15 @@ type InvokeAudit struct {
 	// and its frame carried no traceparent.
 	TraceID string
 	SpanID  string
+	// Via is ViaMCP for a call that came over the MCP endpoint, "" for the
+	// WebSocket's node.invoke; Client is then the MCP client's
+	// "name/version" from initialize.
+	Via    string
+	Client string
 }
+
+// ViaMCP marks an InvokeAudit of a call made through the MCP endpoint.
+const ViaMCP = "mcp"
 
 // Auditor records node.invoke calls. A call the gateway sends to its node
 // is recorded twice: its attempt, after the policy allowed it and before it

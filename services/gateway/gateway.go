@@ -37,6 +37,7 @@ import (
 	"github.com/xiaoclaw/xiaoclaw/services/gateway/internal/idempotency"
 	"github.com/xiaoclaw/xiaoclaw/services/gateway/internal/protocol"
 	"github.com/xiaoclaw/xiaoclaw/services/gateway/internal/registry"
+	"github.com/xiaoclaw/xiaoclaw/services/gateway/mcpserver"
 )
 
 // Default limits (Config).
@@ -151,6 +152,9 @@ type Config struct {
 	// X-Forwarded-For names the client: its address is then the one
 	// throttled and audited. Default: none, the peer's address counts.
 	TrustedProxies []netip.Prefix
+
+	// MCP configures the MCP endpoint /mcp (docs/mcp.md).
+	MCP MCPConfig
 }
 
 func (c *Config) setDefaults() {
@@ -271,6 +275,8 @@ type Service struct {
 	metrics invokeMetrics
 	// authFails throttles and folds unauthenticated connect refusals.
 	authFails *authguard.Guard[ConnectAudit]
+
+	mcp *mcpserver.Server // nil when Config.MCP.Disabled
 }
 
 // New checks cfg and binds its listen address; Run serves it.
@@ -317,6 +323,12 @@ func New(cfg Config, nc *nats.Conn, log *slog.Logger) (*Service, error) {
 	if s.metrics, err = newInvokeMetrics(cfg.Registerer); err != nil {
 		ln.Close()
 		return nil, fmt.Errorf("gateway: %w", err)
+	}
+	if !cfg.MCP.Disabled {
+		if s.mcp, err = s.newMCPServer(); err != nil {
+			ln.Close()
+			return nil, fmt.Errorf("gateway: %w", err)
+		}
 	}
 	s.http = &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	return s, nil
@@ -368,6 +380,9 @@ func (s *Service) Run(ctx context.Context) error {
 		return err
 	}
 	s.reg.OnChange(s.onRegistryChange)
+	if s.mcp != nil {
+		s.reg.OnChange(s.mcp.NodeChanged)
+	}
 	regErr := make(chan error, 1)
 	go func() { regErr <- s.reg.Run(runCtx) }()
 	select {
@@ -426,6 +441,9 @@ func (s *Service) shutdown() {
 	}
 	s.mu.RUnlock()
 
+	if s.mcp != nil {
+		s.mcp.Close() // their GET streams would hold the HTTP server's shutdown
+	}
 	hctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	_ = s.http.Shutdown(hctx)
 	cancel()
@@ -476,6 +494,11 @@ func (s *Service) Handler() http.Handler {
 	}
 	if s.cfg.AdminAPI != nil {
 		mux.Handle("/api/", s.cfg.AdminAPI)
+	}
+	if s.mcp != nil {
+		for _, p := range []string{"/mcp", "/mcp/", mcpserver.ProtectedResourcePath} {
+			mux.Handle(p, s.mcp.Handler())
+		}
 	}
 	if s.cfg.Console != nil {
 		mux.Handle("/ui/", s.cfg.Console)

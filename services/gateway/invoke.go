@@ -18,10 +18,33 @@ import (
 	"github.com/xiaoclaw/xiaoclaw/services/gateway/internal/registry"
 )
 
+// invokeOrigin is who asked for a node.invoke: an operator's WebSocket
+// connection or an MCP session (mcp.go). From Service.invoke on, both take
+// one path: params, size cap, node, declared command, tool-call parser,
+// policy, in-flight cap, idempotency, attempt and outcome audit, tracing
+// and the NATS request.
+type invokeOrigin struct {
+	principal   access.Principal
+	protocol    int             // WebSocket protocol version (the shape of a denial)
+	ctx         context.Context // parent of the call's span
+	requestID   string
+	traceparent string
+	via         string // the audit's Via: "" (WebSocket) or ViaMCP
+	client      string // the MCP client's name/version, for the audit
+	// admit counts the call against the origin's requests in flight:
+	// overCap past its cap (the call is refused), !ok when the origin is
+	// gone (the call is dropped unanswered). release undoes it.
+	admit   func() (overCap, ok bool)
+	release func()
+	// answer is called once per admitted call: with the result payload,
+	// or with the error (e != nil).
+	answer func(result []byte, e *protocol.Error)
+}
+
 // invokeCall is one node.invoke on its way through the gateway.
 type invokeCall struct {
-	c        *conn
-	reqID    string
+	s        *Service
+	o        *invokeOrigin
 	inv      protocol.NodeInvoke
 	node     *registry.Node
 	subject  string
@@ -35,22 +58,36 @@ type invokeCall struct {
 	span *telemetry.Span
 }
 
-// handleNodeInvoke runs the checks that need neither network nor storage
-// (params, node, declared command) in the read loop, then hands the call to
-// a goroutine: the policy decision (which may load the tenant's policy), the
-// audit records, the idempotency claim and the NATS request all wait on
-// other services, and the read loop must stay free for the next frame.
+// handleNodeInvoke answers node.invoke on the connection.
 func (c *conn) handleNodeInvoke(req protocol.Request) {
-	s := c.s
-	call := &invokeCall{c: c, reqID: req.ID}
+	c.s.invoke(&invokeOrigin{principal: c.principal, protocol: c.protocol, ctx: c.ctx, requestID: req.ID,
+		traceparent: req.Traceparent, admit: c.admit, release: func() { c.inflight.Add(-1) },
+		answer: func(result []byte, e *protocol.Error) {
+			if e != nil {
+				c.send(protocol.AppendErrorResponse(nil, req.ID, e))
+				return
+			}
+			c.send(protocol.AppendResponse(make([]byte, 0, len(result)+len(req.ID)+40), req.ID, result))
+		}}, req.Params)
+}
+
+// invoke runs the checks that need neither network nor storage (params,
+// node, declared command) on the caller's goroutine (a connection's read
+// loop), then hands the call to a goroutine: the policy decision (which
+// may load the tenant's policy), the audit records, the idempotency claim
+// and the NATS request all wait on other services, and the read loop must
+// stay free for the next frame.
+func (s *Service) invoke(o *invokeOrigin, params json.RawMessage) {
+	call := &invokeCall{s: s, o: o}
 	if !call.admit() {
 		return
 	}
-	call.audit = InvokeAudit{Time: time.Now(), Instance: s.cfg.Instance, RequestID: req.ID, Principal: c.principal, CallID: newID()}
-	call.ctx, call.span = telemetry.StartOperatorRequest(c.ctx, s.tracer, protocol.MethodNodeInvoke, req.Traceparent,
-		telemetry.CallInfo{Tenant: c.principal.Tenant, Principal: c.principal.ID})
+	call.audit = InvokeAudit{Time: time.Now(), Instance: s.cfg.Instance, RequestID: o.requestID, Principal: o.principal,
+		CallID: newID(), Via: o.via, Client: o.client}
+	call.ctx, call.span = telemetry.StartOperatorRequest(o.ctx, s.tracer, protocol.MethodNodeInvoke, o.traceparent,
+		telemetry.CallInfo{Tenant: o.principal.Tenant, Principal: o.principal.ID})
 	call.audit.TraceID, call.audit.SpanID = telemetry.TraceIDs(call.ctx)
-	inv, perr := protocol.ParseNodeInvoke(req.Params)
+	inv, perr := protocol.ParseNodeInvoke(params)
 	if perr != nil {
 		call.reject(perr, OutcomeRejected)
 		return
@@ -65,7 +102,7 @@ func (c *conn) handleNodeInvoke(req protocol.Request) {
 		call.reject(protocol.ExecApprovalsNotInvokable(inv.Command), OutcomeRejected)
 		return
 	}
-	n := s.reg.Get(c.principal.Tenant, inv.NodeID)
+	n := s.reg.Get(o.principal.Tenant, inv.NodeID)
 	if n == nil { // also another tenant's node: it must look the same
 		call.reject(protocol.UnknownNodeID(), OutcomeRejected)
 		return
@@ -84,7 +121,7 @@ func (c *conn) handleNodeInvoke(req protocol.Request) {
 		call.reject(protocol.CommandNotAllowed(protocol.ReasonNotDeclared, n.Platform, inv.Command), OutcomeRejected)
 		return
 	}
-	areq := access.Request{Principal: c.principal, NodeID: n.NodeID, Command: inv.Command}
+	areq := access.Request{Principal: o.principal, NodeID: n.NodeID, Command: inv.Command}
 	call.audit.Args = inv.Params
 	if toolcall.IsToolCall(inv.Command) {
 		// The shim reads the call with the same parser: the policy decides
@@ -115,12 +152,12 @@ func (c *conn) handleNodeInvoke(req protocol.Request) {
 	s.workers.Go(call.run)
 }
 
-// admit counts the call against the connection's requests in flight
-// (conn.admit) and the gateway's shutdown wait; the call's goroutine
-// releases both. It reports whether the call goes on.
+// admit counts the call against the origin's requests in flight
+// (conn.admit for a connection) and the gateway's shutdown wait; the call's
+// goroutine releases both. It reports whether the call goes on.
 func (call *invokeCall) admit() bool {
-	c, s := call.c, call.c.s
-	overCap, ok := c.admit()
+	o, s := call.o, call.s
+	overCap, ok := o.admit()
 	if !ok {
 		return false
 	}
@@ -129,8 +166,8 @@ func (call *invokeCall) admit() bool {
 	s.mu.RLock()
 	if s.draining.Load() {
 		s.mu.RUnlock()
-		c.inflight.Add(-1)
-		c.respondError(call.reqID, protocol.Unavailable("gateway shutting down; retry on another replica", true))
+		o.release()
+		o.answer(nil, protocol.Unavailable("gateway shutting down; retry on another replica", true))
 		return false
 	}
 	s.inflightWG.Add(1)
@@ -140,8 +177,8 @@ func (call *invokeCall) admit() bool {
 
 // release ends what admit began.
 func (call *invokeCall) release() {
-	call.c.inflight.Add(-1)
-	call.c.s.inflightWG.Done()
+	call.o.release()
+	call.s.inflightWG.Done()
 }
 
 // encodeInvokeRequest builds a wire.InvokeRequest without re-validating the
@@ -166,7 +203,7 @@ func encodeInvokeRequest(inv *protocol.NodeInvoke) []byte {
 // run asks the policy, claims the idempotency key, records the attempt,
 // sends the request and answers.
 func (call *invokeCall) run() {
-	c, s := call.c, call.c.s
+	o, s := call.o, call.s
 	defer call.release()
 	dec := s.cfg.Authorizer.Authorize(call.ctx, call.areq)
 	call.audit.Decision = dec
@@ -177,18 +214,18 @@ func (call *invokeCall) run() {
 		call.span.SetDenyingRule(dec.RuleID)
 	}
 	if !dec.Allowed {
-		call.refuse(protocol.PolicyDenied(c.protocol, call.inv.Command, call.areq.Tool, dec.RuleID, dec.Reason), OutcomeDenied)
+		call.refuse(protocol.PolicyDenied(o.protocol, call.inv.Command, call.areq.Tool, dec.RuleID, dec.Reason), OutcomeDenied)
 		return
 	}
 	if call.overCap {
-		call.refuse(protocol.Unavailable("too many node.invoke calls in flight on this connection", true), OutcomeRejected)
+		call.refuse(protocol.Unavailable("too many node.invoke calls in flight on this connection or session", true), OutcomeRejected)
 		return
 	}
 	ctx, cancel := context.WithDeadline(s.runCtx, call.deadline)
 	defer cancel()
 
 	fp := idempotency.Fingerprint(call.inv.NodeID, call.inv.Command, call.inv.Params)
-	claim, prior, err := s.idem.Begin(ctx, idempotency.Key(c.principal.Tenant, call.inv.IdempotencyKey), fp, s.cfg.Instance)
+	claim, prior, err := s.idem.Begin(ctx, idempotency.Key(o.principal.Tenant, call.inv.IdempotencyKey), fp, s.cfg.Instance)
 	switch {
 	case errors.Is(err, idempotency.ErrConflict):
 		call.refuse(protocol.IdempotencyConflict(), OutcomeRejected)
@@ -211,12 +248,11 @@ func (call *invokeCall) run() {
 	attempt.Attempt = true
 	attempt.Latency = time.Since(call.audit.Time)
 	if err := s.cfg.Auditor.AuditInvoke(ctx, attempt); err != nil {
-		s.log.WarnContext(call.ctx, "node.invoke not audited", "request", call.reqID, "err", err)
+		s.log.WarnContext(call.ctx, "node.invoke not audited", "request", o.requestID, "err", err)
 		if err := s.idem.Abandon(claim); err != nil {
 			s.log.Warn("idempotency record", "err", err)
 		}
-		e := protocol.Unavailable("audit unavailable: "+err.Error(), true)
-		call.c.send(protocol.AppendErrorResponse(nil, call.reqID, e))
+		o.answer(nil, protocol.Unavailable("audit unavailable: "+err.Error(), true))
 		call.finish(OutcomeError, wire.FaultUnavailable, err)
 		return
 	}
@@ -227,7 +263,7 @@ func (call *invokeCall) run() {
 	msg := &nats.Msg{Subject: call.subject, Data: call.body, Header: make(nats.Header, 2)}
 	wire.SetTimeout(msg.Header, call.deadline)
 	if call.node.Kind != wire.NodeKindOpenClaw {
-		s.setInflightLimits(ctx, msg.Header, c.principal.Tenant)
+		s.setInflightLimits(ctx, msg.Header, o.principal.Tenant)
 	}
 	telemetry.InjectMsg(call.ctx, msg)
 	sent := time.Now()
@@ -270,11 +306,11 @@ func (call *invokeCall) run() {
 	code := ""
 	if perr == nil {
 		result = invokeOKPayload(call.inv.NodeID, call.inv.Command, payload)
-		call.c.send(protocol.AppendResponse(make([]byte, 0, len(result)+len(call.reqID)+40), call.reqID, result))
+		o.answer(result, nil)
 	} else {
 		result = protocol.AppendError(nil, perr)
 		code = errorCode(perr)
-		call.c.send(protocol.AppendErrorResponse(nil, call.reqID, perr))
+		o.answer(nil, perr)
 	}
 	call.audit.Outcome, call.audit.ErrorCode = outcome, code
 	call.audit.Latency = time.Since(call.audit.Time)
@@ -293,7 +329,7 @@ func (call *invokeCall) run() {
 	// The node has acted and its attempt is on record: the answer stands
 	// whatever becomes of the outcome record.
 	if err := s.cfg.Auditor.AuditInvoke(context.WithoutCancel(call.ctx), call.audit); err != nil {
-		s.log.WarnContext(call.ctx, "node.invoke outcome not audited; its attempt is", "request", call.reqID, "outcome", outcome, "err", err)
+		s.log.WarnContext(call.ctx, "node.invoke outcome not audited; its attempt is", "request", o.requestID, "outcome", outcome, "err", err)
 	}
 }
 
@@ -301,21 +337,18 @@ func (call *invokeCall) run() {
 func (call *invokeCall) replay(prior *idempotency.Record) {
 	call.audit.Replayed = true
 	if prior.OK {
-		call.answerAudited(protocol.AppendResponse(nil, call.reqID, prior.Result), OutcomeOK, "")
+		call.answerAudited(prior.Result, nil, OutcomeOK)
 		return
 	}
 	var e protocol.Error
-	_ = json.Unmarshal(prior.Result, &e)
-	b := protocol.AppendString([]byte(`{"type":"res","id":`), call.reqID)
-	b = append(b, `,"ok":false,"error":`...)
-	b = append(append(b, prior.Result...), '}')
-	call.answerAudited(b, OutcomeError, errorCode(&e))
+	_ = json.Unmarshal(prior.Result, &e) // written by AppendError: encodes back to the same bytes
+	call.answerAudited(nil, &e, OutcomeError)
 }
 
 // reject refuses a call from the read loop: its goroutine records the
 // refusal and answers.
 func (call *invokeCall) reject(e *protocol.Error, outcome string) {
-	call.c.s.workers.Go(func() {
+	call.s.workers.Go(func() {
 		defer call.release()
 		call.refuse(e, outcome)
 	})
@@ -323,29 +356,33 @@ func (call *invokeCall) reject(e *protocol.Error, outcome string) {
 
 // refuse answers a call refused before (or instead of) reaching the node.
 func (call *invokeCall) refuse(e *protocol.Error, outcome string) {
-	call.answerAudited(protocol.AppendErrorResponse(nil, call.reqID, e), outcome, errorCode(e))
+	call.answerAudited(nil, e, outcome)
 }
 
 // answerAudited answers a call that never reached the node (refused or
 // replayed): its one audit record first, then the answer. Fail closed: no
 // answer the audit trail does not hold.
-func (call *invokeCall) answerAudited(frame []byte, outcome, code string) {
-	s := call.c.s
+func (call *invokeCall) answerAudited(result []byte, e *protocol.Error, outcome string) {
+	s := call.s
+	code := ""
+	if e != nil {
+		code = errorCode(e)
+	}
 	call.audit.Outcome, call.audit.ErrorCode = outcome, code
 	call.audit.Latency = time.Since(call.audit.Time)
 	var failure error
 	if err := s.cfg.Auditor.AuditInvoke(call.ctx, call.audit); err != nil {
-		s.log.WarnContext(call.ctx, "node.invoke not audited", "request", call.reqID, "err", err)
-		frame = protocol.AppendErrorResponse(nil, call.reqID, protocol.Unavailable("audit unavailable: "+err.Error(), true))
+		s.log.WarnContext(call.ctx, "node.invoke not audited", "request", call.o.requestID, "err", err)
+		result, e = nil, protocol.Unavailable("audit unavailable: "+err.Error(), true)
 		outcome, code, failure = OutcomeError, wire.FaultUnavailable, err
 	}
-	call.c.send(frame)
+	call.o.answer(result, e)
 	call.finish(outcome, code, failure)
 }
 
 // finish ends the call's span and metrics once its answer is sent.
 func (call *invokeCall) finish(outcome, code string, failure error) {
-	s := call.c.s
+	s := call.s
 	tcode := traceCode(outcome, code)
 	s.metrics.hopInvoke.Observe(time.Since(call.audit.Time).Seconds())
 	call.span.End(tcode, failure)

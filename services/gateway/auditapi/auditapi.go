@@ -72,6 +72,17 @@ func InvokeEvent(r gateway.InvokeAudit) audit.Event {
 		LatencyUs: r.Latency.Microseconds(), IdempotencyKey: r.IdempotencyKey, Replayed: r.Replayed,
 		RequestID: r.RequestID, Instance: r.Instance, Detail: r.Decision.Reason, TraceID: r.TraceID, SpanID: r.SpanID,
 	}
+	if r.Via != "" {
+		// The channel and client ride in detail, ahead of the policy's reason.
+		via := "via " + r.Via
+		if r.Client != "" {
+			via += " client " + r.Client
+		}
+		if e.Detail != "" {
+			via += "; " + e.Detail
+		}
+		e.Detail = via
+	}
 	switch {
 	case r.Decision.Allowed:
 		e.Decision = audit.DecisionAllow

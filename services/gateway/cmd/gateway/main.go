@@ -83,6 +83,9 @@ func run(args []string) error {
 	logFormat := fs.String("log-format", env("LOG_FORMAT", "json"), "json or text (env XIAOCLAW_LOG_FORMAT)")
 	handshake := fs.Duration("handshake-timeout", 15*time.Second, "close sockets that do not complete connect in time")
 	maxInvoke := fs.Duration("max-invoke-timeout", 300*time.Second, "cap of any node.invoke timeoutMs")
+	mcpOn := fs.Bool("mcp", env("MCP", "true") == "true", "serve the tenant's device tools as an MCP server at /mcp (env XIAOCLAW_MCP)")
+	mcpPage := fs.Int("mcp-page-size", 100, "tools per MCP tools/list page")
+	mcpIdle := fs.Duration("mcp-session-timeout", 30*time.Minute, "end an MCP session idle for this long")
 	idemTTL := fs.String("idempotency-ttl", env("IDEMPOTENCY_TTL", "5m"), "how long a node.invoke idempotency key is remembered (env XIAOCLAW_IDEMPOTENCY_TTL)")
 	idemReplicas := fs.String("idempotency-replicas", env("IDEMPOTENCY_REPLICAS", "1"), "replicas of the idempotency KV bucket in a NATS cluster; 3 in production (env XIAOCLAW_IDEMPOTENCY_REPLICAS)")
 	maxPayload := fs.Int64("max-payload", gateway.DefaultMaxPayload, "cap of one frame after hello in bytes, advertised as policy.maxPayload (env XIAOCLAW_MAX_PAYLOAD)")
@@ -173,6 +176,7 @@ func run(args []string) error {
 		IdempotencyReplicas: replicas,
 		TracerProvider:      tp,
 		Registerer:          reg,
+		MCP:                 gateway.MCPConfig{Disabled: !*mcpOn, PageSize: *mcpPage, SessionTimeout: *mcpIdle},
 	}
 	if !*noConsole {
 		if cfg.Console, err = console.New(console.Config{JaegerURL: *jaegerURL, Version: version}); err != nil {

@@ -54,6 +54,10 @@ func (n *Node) HasCap(c string) bool {
 	return ok
 }
 
+// NewNode prepares a record for serving as the watcher does; for callers
+// that hold records of their own (tests, benchmarks).
+func NewNode(rec wire.NodeRecord, rev uint64) *Node { return newNode(rec, rev) }
+
 // newNode prepares a record for serving.
 func newNode(rec wire.NodeRecord, rev uint64) *Node {
 	n := &Node{NodeRecord: rec, Revision: rev}
