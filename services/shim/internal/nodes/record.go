@@ -135,7 +135,46 @@ func applyOnline(old *wire.NodeRecord, ev *wire.DeviceEvent) (wire.NodeRecord, b
 			r.ModelIdentifier, r.Version, r.DisplayName = old.ModelIdentifier, old.Version, old.DisplayName
 		}
 	}
+	countToolsChange(old, &r)
 	return r, true
+}
+
+// applyConnecting returns the record after a connecting event: the node is
+// connected under the new session at once, with the catalog (and board
+// facts) it had, marked stale until the session's online event brings the
+// listed catalog. It does not apply to an older session, nor to a session
+// that has listed its tools already or has ended.
+func applyConnecting(old *wire.NodeRecord, ev *wire.DeviceEvent) (wire.NodeRecord, bool) {
+	if old != nil && old.SessionID == ev.SessionID && (!old.ToolsStale || !old.Connected) {
+		return wire.NodeRecord{}, false
+	}
+	r, ok := applyOnline(old, ev)
+	if !ok {
+		return r, false
+	}
+	r.ToolsStale = true
+	if old != nil {
+		r.Tools, r.ToolsVersion = old.Tools, old.ToolsVersion
+		if len(ev.ServerInfo) == 0 && old.ModelIdentifier != "" {
+			r.ModelIdentifier, r.Version, r.DisplayName = old.ModelIdentifier, old.Version, old.DisplayName
+		}
+	}
+	return r, true
+}
+
+// countToolsChange carries the catalog version over from the old record and
+// counts one more if the catalog changed.
+func countToolsChange(old *wire.NodeRecord, r *wire.NodeRecord) {
+	if old == nil {
+		if len(r.Tools) > 0 {
+			r.ToolsVersion = 1
+		}
+		return
+	}
+	r.ToolsVersion = old.ToolsVersion
+	if !toolsEqual(old.Tools, r.Tools) {
+		r.ToolsVersion++
+	}
 }
 
 // applyTools returns the record after a tools event; it applies only to the
@@ -146,6 +185,8 @@ func applyTools(old *wire.NodeRecord, ev *wire.DeviceEvent) (wire.NodeRecord, bo
 	}
 	r := *old
 	r.Tools = ev.Tools
+	r.ToolsStale = false
+	countToolsChange(old, &r)
 	if ev.AtMs > r.LastSeenMs {
 		r.LastSeenMs = ev.AtMs
 	}
