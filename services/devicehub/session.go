@@ -65,6 +65,7 @@ type session struct {
 	notify     *notifyLimit
 
 	mu         sync.Mutex // guards the fields below and orders this session's events
+	connecting bool       // announced connecting, discovery under way
 	online     bool
 	ended      bool
 	serverInfo *unique.Handle[string]
@@ -76,14 +77,15 @@ func (s *session) logAttrs() []any {
 	return []any{"tenant", s.key.tenant, "device", s.key.device, "session_id", s.id}
 }
 
-// startMCP runs discovery for a device that announced MCP and then
-// announces the session online; without MCP it announces it at once.
-// Called once the session is registered.
+// startMCP announces a device that announced MCP as connecting, runs
+// discovery and then announces the session online; without MCP it
+// announces it online at once. Called once the session is registered.
 func (s *session) startMCP() {
 	if !s.hasMCP {
 		s.goOnline(nil, nil)
 		return
 	}
+	s.goConnecting()
 	go func() {
 		cfg := s.hub.cfg
 		d, err := s.mcp.Discover(func() (context.Context, context.CancelFunc) {
@@ -106,6 +108,38 @@ func (s *session) startMCP() {
 	}()
 }
 
+// goConnecting announces the session before its catalog is known, so that
+// the node is listed (with the catalog it had) while discovery runs, which
+// takes as long as the device needs to answer tools/list.
+func (s *session) goConnecting() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ended || s.online {
+		return
+	}
+	s.connecting = true
+	s.publishConnectingLocked()
+}
+
+// publishConnectingLocked publishes the connecting event under s.mu.
+func (s *session) publishConnectingLocked() {
+	s.hub.publish(s.key, s.announceEvent(wire.DeviceConnecting))
+}
+
+// announceEvent is a connecting or online event with the session's hello facts.
+func (s *session) announceEvent(kind string) *wire.DeviceEvent {
+	ev := s.event(kind)
+	ev.AtMs = s.startedMs
+	ev.ClientID = s.clientID
+	ev.RemoteIP = s.remoteIP
+	ev.UserAgent = s.userAgent
+	if s.hello != (unique.Handle[string]{}) {
+		ev.Hello = json.RawMessage(s.hello.Value())
+	}
+	ev.MCP = s.hasMCP
+	return ev
+}
+
 func (s *session) goOnline(serverInfo, tools json.RawMessage) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -123,7 +157,7 @@ func (s *session) goOnline(serverInfo, tools json.RawMessage) {
 		h := unique.Make(string(tools))
 		s.tools = &h
 	}
-	s.online = true
+	s.online, s.connecting = true, false
 	s.publishOnlineLocked()
 	s.hub.log.Info("devicehub: device online", s.logAttrs()...)
 }
@@ -131,15 +165,7 @@ func (s *session) goOnline(serverInfo, tools json.RawMessage) {
 // publishOnlineLocked publishes the online event; s.mu is held so that an
 // offline event can never overtake it.
 func (s *session) publishOnlineLocked() {
-	ev := s.event(wire.DeviceOnline)
-	ev.AtMs = s.startedMs
-	ev.ClientID = s.clientID
-	ev.RemoteIP = s.remoteIP
-	ev.UserAgent = s.userAgent
-	if s.hello != (unique.Handle[string]{}) {
-		ev.Hello = json.RawMessage(s.hello.Value())
-	}
-	ev.MCP = s.hasMCP
+	ev := s.announceEvent(wire.DeviceOnline)
 	if s.serverInfo != nil {
 		ev.ServerInfo = json.RawMessage(s.serverInfo.Value())
 	}
@@ -149,12 +175,17 @@ func (s *session) publishOnlineLocked() {
 	s.hub.publish(s.key, ev)
 }
 
-// republish announces the session again if it is online (hub resync).
+// republish announces the session again if it is online or connecting
+// (hub resync).
 func (s *session) republish() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.online && !s.ended {
+	switch {
+	case s.ended:
+	case s.online:
 		s.publishOnlineLocked()
+	case s.connecting:
+		s.publishConnectingLocked()
 	}
 }
 
@@ -175,7 +206,7 @@ func (s *session) end(cause endCause, reason string, fault *wire.Fault) {
 		return
 	}
 	s.ended = true
-	wasOnline := s.online
+	wasOnline := s.online || s.connecting
 	s.mu.Unlock()
 
 	s.conn.close(cause, reason)
