@@ -859,3 +859,24 @@ func TestConnectingUntilToolsListed(t *testing.T) {
 		t.Fatalf("event after the device left %+v, want offline", ev)
 	}
 }
+
+// A device that never answers tools/list goes online without a catalog
+// (unknown, not empty), so the registry keeps the node's last one.
+func TestOnlineWithoutCatalogWhenListingFails(t *testing.T) {
+	e := newEnv(t)
+	hub := startHub(t, e, devicehub.Config{CallTimeout: 200 * time.Millisecond})
+	const mac = "aa:bb:cc:00:00:33"
+	w := watch(t, e, testTenant, canonical(t, mac))
+	d := newDevice(t, hub, mac, nil)
+	release := d.HoldToolsList()
+	defer release()
+	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	defer cancel()
+	if err := d.Connect(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ev := w.nextKind(wire.DeviceOnline)
+	if ev.SessionID != d.SessionID() || !ev.MCP || ev.Tools != nil || len(ev.ServerInfo) == 0 {
+		t.Fatalf("online after a failed listing: %+v, want server info and no tools", ev)
+	}
+}

@@ -82,7 +82,7 @@ func (s *session) logAttrs() []any {
 // announces it online at once. Called once the session is registered.
 func (s *session) startMCP() {
 	if !s.hasMCP {
-		s.goOnline(nil, nil)
+		s.goOnline(nil, nil, false)
 		return
 	}
 	s.goConnecting()
@@ -104,7 +104,10 @@ func (s *session) startMCP() {
 			s.hub.log.Warn("devicehub: MCP discovery incomplete; announcing what was learned",
 				append(s.logAttrs(), "pages", d.Pages, "err", err)...)
 		}
-		s.goOnline(d.ServerInfo, d.Tools)
+		// Without a single page the catalog is unknown rather than empty:
+		// online then carries none, and the registry keeps the node's last
+		// one (stale) until a re-list succeeds.
+		s.goOnline(d.ServerInfo, d.Tools, err == nil || d.Pages > 0)
 	}()
 }
 
@@ -140,7 +143,9 @@ func (s *session) announceEvent(kind string) *wire.DeviceEvent {
 	return ev
 }
 
-func (s *session) goOnline(serverInfo, tools json.RawMessage) {
+// goOnline announces the session online; listed says whether tools is the
+// device's catalog (an MCP session that could not list any has none).
+func (s *session) goOnline(serverInfo, tools json.RawMessage, listed bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.ended {
@@ -150,7 +155,7 @@ func (s *session) goOnline(serverInfo, tools json.RawMessage) {
 		h := unique.Make(string(serverInfo))
 		s.serverInfo = &h
 	}
-	if s.hasMCP {
+	if s.hasMCP && listed {
 		if len(tools) == 0 {
 			tools = json.RawMessage("[]")
 		}

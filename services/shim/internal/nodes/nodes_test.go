@@ -97,11 +97,17 @@ func TestResyncKeepsCatalogAndName(t *testing.T) {
 	if !ok || string(rec.Tools) != `[{"name":"x"}]` || rec.DisplayName != "b-d4e5f6" || rec.ModelIdentifier != "b" {
 		t.Errorf("re-announced session lost facts: %+v", rec)
 	}
+	// A new session that could not list its tools keeps the last catalog,
+	// stale; one without MCP has none.
 	other := ev(wire.DeviceOnline, "b", 200)
 	other.Tools = nil
 	rec, _ = applyOnline(&first, other)
-	if len(rec.Tools) != 0 {
-		t.Errorf("a new session kept the old catalog: %s", rec.Tools)
+	if string(rec.Tools) != `[{"name":"x"}]` || !rec.ToolsStale || rec.ToolsVersion != first.ToolsVersion {
+		t.Errorf("a new session without a catalog: tools %s stale %v version %d", rec.Tools, rec.ToolsStale, rec.ToolsVersion)
+	}
+	other.MCP = false
+	if rec, _ = applyOnline(&first, other); len(rec.Tools) != 0 || rec.ToolsStale {
+		t.Errorf("a session without MCP kept the catalog: %s", rec.Tools)
 	}
 	plain := ev(wire.DeviceOnline, "c", 300)
 	plain.MCP = false

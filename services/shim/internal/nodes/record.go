@@ -126,10 +126,12 @@ func applyOnline(old *wire.NodeRecord, ev *wire.DeviceEvent) (wire.NodeRecord, b
 		if old.LastSeenMs > r.LastSeenMs {
 			r.LastSeenMs = old.LastSeenMs
 		}
-		// A re-announced session (hub resync) may come without the catalog
-		// the record already holds for it.
-		if len(r.Tools) == 0 && old.SessionID == ev.SessionID {
+		// An MCP session announced without a catalog (a hub resync, or a
+		// device that did not list its tools) keeps the one on record: the
+		// session's own if it listed it, else an earlier session's, stale.
+		if len(r.Tools) == 0 && ev.MCP {
 			r.Tools = old.Tools
+			r.ToolsStale = old.SessionID != ev.SessionID || old.ToolsStale
 		}
 		if r.ModelIdentifier == "" && old.SessionID == ev.SessionID {
 			r.ModelIdentifier, r.Version, r.DisplayName = old.ModelIdentifier, old.Version, old.DisplayName
