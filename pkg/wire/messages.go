@@ -158,4 +158,8 @@ type NodeRecord struct {
 	// ToolsStale is set while the connected session has not listed its
 	// tools yet: Tools is then the catalog of an earlier session.
 	ToolsStale bool `json:"toolsStale,omitempty"`
+	// PendingTools names the tools the node gained after its first catalog
+	// that no admin has approved yet (sorted). A tenant that requires tool
+	// approval hides and refuses them until an admin approves.
+	PendingTools []string `json:"pendingTools,omitempty"`
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
+	"slices"
 	"testing"
 	"time"
 
@@ -336,5 +337,52 @@ func TestCatalogVersionAcrossReconnect(t *testing.T) {
 	relist.AtMs = 400
 	if rec = apply(relist, Applied); rec.ToolsVersion != 3 {
 		t.Fatalf("an unchanged catalog counted a version: %d", rec.ToolsVersion)
+	}
+}
+
+// Tools a node gains after its first catalog await approval; tools that
+// leave the catalog leave the list; a new node's first catalog is approved.
+func TestPendingToolsFollowWidening(t *testing.T) {
+	at := int64(100)
+	step := func(old *wire.NodeRecord, tools string) wire.NodeRecord {
+		t.Helper()
+		at += 100
+		var rec wire.NodeRecord
+		var ok bool
+		if old == nil {
+			e := ev(wire.DeviceOnline, "a", at)
+			e.Tools = json.RawMessage(tools)
+			rec, ok = applyOnline(nil, e)
+		} else {
+			e := ev(wire.DeviceTools, "a", at)
+			e.Tools = json.RawMessage(tools)
+			rec, ok = applyTools(old, e)
+		}
+		if !ok {
+			t.Fatal("event did not apply")
+		}
+		return rec
+	}
+	rec := step(nil, `[{"name":"a"},{"name":"b"}]`)
+	if len(rec.PendingTools) != 0 {
+		t.Fatalf("first catalog pending: %v", rec.PendingTools)
+	}
+	rec = step(&rec, `[{"name":"a"},{"name":"b"},{"name":"d"},{"name":"c"}]`)
+	if !slices.Equal(rec.PendingTools, []string{"c", "d"}) {
+		t.Fatalf("after widening: %v", rec.PendingTools)
+	}
+	rec = step(&rec, `[{"name":"a"},{"name":"d"},{"name":"e"}]`)
+	if !slices.Equal(rec.PendingTools, []string{"d", "e"}) {
+		t.Fatalf("after c left and e came: %v", rec.PendingTools)
+	}
+	// A reconnect keeps what awaits approval.
+	e := ev(wire.DeviceConnecting, "b", at+100)
+	e.Tools = nil
+	conn, _ := applyConnecting(&rec, e)
+	online := ev(wire.DeviceOnline, "b", at+100)
+	online.Tools = rec.Tools
+	fresh, _ := applyOnline(&conn, online)
+	if !slices.Equal(conn.PendingTools, []string{"d", "e"}) || !slices.Equal(fresh.PendingTools, []string{"d", "e"}) {
+		t.Fatalf("across a reconnect: %v %v", conn.PendingTools, fresh.PendingTools)
 	}
 }

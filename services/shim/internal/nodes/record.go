@@ -14,6 +14,8 @@ package nodes
 import (
 	"bytes"
 	"encoding/json"
+	"maps"
+	"slices"
 	"strings"
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
@@ -156,7 +158,7 @@ func applyConnecting(old *wire.NodeRecord, ev *wire.DeviceEvent) (wire.NodeRecor
 	}
 	r.ToolsStale = true
 	if old != nil {
-		r.Tools, r.ToolsVersion = old.Tools, old.ToolsVersion
+		r.Tools, r.ToolsVersion, r.PendingTools = old.Tools, old.ToolsVersion, old.PendingTools
 		if len(ev.ServerInfo) == 0 && old.ModelIdentifier != "" {
 			r.ModelIdentifier, r.Version, r.DisplayName = old.ModelIdentifier, old.Version, old.DisplayName
 		}
@@ -164,19 +166,47 @@ func applyConnecting(old *wire.NodeRecord, ev *wire.DeviceEvent) (wire.NodeRecor
 	return r, true
 }
 
-// countToolsChange carries the catalog version over from the old record and
-// counts one more if the catalog changed.
+// countToolsChange carries the catalog version and the tools awaiting
+// approval over from the old record; if the catalog changed it counts one
+// more version and, unless this is the node's first catalog, adds the new
+// tool names to those awaiting approval. Tools that left the catalog leave
+// the pending list.
 func countToolsChange(old *wire.NodeRecord, r *wire.NodeRecord) {
 	if old == nil {
 		if len(r.Tools) > 0 {
 			r.ToolsVersion = 1
 		}
+		r.PendingTools = nil
 		return
 	}
-	r.ToolsVersion = old.ToolsVersion
-	if !toolsEqual(old.Tools, r.Tools) {
-		r.ToolsVersion++
+	r.ToolsVersion, r.PendingTools = old.ToolsVersion, old.PendingTools
+	if toolsEqual(old.Tools, r.Tools) {
+		return
 	}
+	r.ToolsVersion++
+	added, removed, _ := toolsDiff(old.Tools, r.Tools)
+	if old.ToolsVersion == 0 {
+		return // the first catalog is the node's approved surface
+	}
+	r.PendingTools = widen(old.PendingTools, added, removed)
+}
+
+// widen returns pending plus added minus removed, sorted, without duplicates.
+func widen(pending, added, removed []string) []string {
+	set := make(map[string]bool, len(pending)+len(added))
+	for _, n := range pending {
+		set[n] = true
+	}
+	for _, n := range added {
+		set[n] = true
+	}
+	for _, n := range removed {
+		delete(set, n)
+	}
+	if len(set) == 0 {
+		return nil
+	}
+	return slices.Sorted(maps.Keys(set))
 }
 
 // applyTools returns the record after a tools event; it applies only to the

@@ -54,7 +54,7 @@ func toolsByName(tools json.RawMessage) map[string]json.RawMessage {
 // as node.tools.changed and, for clients written against it, as
 // mcp.tools.changed.
 func (r *Registry) publishToolsChanged(old, rec *wire.NodeRecord, nowMs int64) {
-	p := r.toolsChangedPayload(old.Tools, rec.Tools, rec.ToolsVersion)
+	p := r.toolsChangedPayload(old.Tools, rec.Tools, rec.ToolsVersion, rec.PendingTools)
 	for _, name := range [...]string{wire.EventNodeToolsChanged, wire.EventToolsChanged} {
 		r.Publish(rec.Tenant, wire.NodeEventMsg{NodeID: rec.NodeID, Event: name, Payload: p, TsMs: nowMs})
 	}
@@ -62,20 +62,21 @@ func (r *Registry) publishToolsChanged(old, rec *wire.NodeRecord, nowMs int64) {
 
 // toolsChangedPayload is the payload of a catalog change: the current tool
 // names, what the change added, removed and changed, and the catalog's new
-// version.
-func (r *Registry) toolsChangedPayload(old, cur json.RawMessage, version uint64) json.RawMessage {
+// version, and the tools awaiting approval.
+func (r *Registry) toolsChangedPayload(old, cur json.RawMessage, version uint64, pending []string) json.RawMessage {
 	var p struct {
 		Tools   []string `json:"tools"`
 		Added   []string `json:"added"`
 		Removed []string `json:"removed"`
 		Changed []string `json:"changed"`
 		Version uint64   `json:"version"`
+		Pending []string `json:"pending,omitempty"`
 	}
 	if err := json.Unmarshal(r.toolsPayload(cur), &p); err != nil {
 		return r.toolsPayload(cur)
 	}
 	p.Added, p.Removed, p.Changed = toolsDiff(old, cur)
-	p.Version = version
+	p.Version, p.Pending = version, pending
 	for _, s := range []*[]string{&p.Added, &p.Removed, &p.Changed} {
 		if *s == nil {
 			*s = []string{}
