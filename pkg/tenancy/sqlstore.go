@@ -142,22 +142,22 @@ func bump(ctx context.Context, tx *sql.Tx, tenant string, at time.Time) error {
 	return nil
 }
 
-const tenantCols = `id, display_name, status, default_effect, device_allowlist, version, created_at, updated_at`
+const tenantCols = `id, display_name, status, default_effect, device_allowlist, version, created_at, updated_at, require_tool_approval`
 
 type scanner interface{ Scan(...any) error }
 
 func scanTenant(r scanner) (Tenant, error) {
 	var t Tenant
 	var created, updated int64
-	err := r.Scan(&t.ID, &t.DisplayName, &t.Status, &t.DefaultEffect, &t.DeviceAllowlist, &t.Version, &created, &updated)
+	err := r.Scan(&t.ID, &t.DisplayName, &t.Status, &t.DefaultEffect, &t.DeviceAllowlist, &t.Version, &created, &updated, &t.RequireToolApproval)
 	t.CreatedAt, t.UpdatedAt = fromMs(created), fromMs(updated)
 	return t, err
 }
 
 // CreateTenant inserts t; ErrConflict if the id is taken.
 func (s *SQLStore) CreateTenant(ctx context.Context, t Tenant) error {
-	_, err := s.db.ExecContext(ctx, `INSERT INTO tenants (`+tenantCols+`) VALUES ($1, $2, $3, $4, $5, 1, $6, $6)`,
-		t.ID, t.DisplayName, t.Status, t.DefaultEffect, t.DeviceAllowlist, ms(t.CreatedAt))
+	_, err := s.db.ExecContext(ctx, `INSERT INTO tenants (`+tenantCols+`) VALUES ($1, $2, $3, $4, $5, 1, $6, $6, $7)`,
+		t.ID, t.DisplayName, t.Status, t.DefaultEffect, t.DeviceAllowlist, ms(t.CreatedAt), t.RequireToolApproval)
 	return classify(err)
 }
 
@@ -205,11 +205,14 @@ func (s *SQLStore) UpdateTenant(ctx context.Context, id string, u TenantUpdate, 
 		if u.DefaultEffect != nil {
 			t.DefaultEffect = *u.DefaultEffect
 		}
+		if u.RequireToolApproval != nil {
+			t.RequireToolApproval = *u.RequireToolApproval
+		}
 		t.Version++
 		t.UpdatedAt = fromMs(ms(at))
 		_, err = tx.ExecContext(ctx, `UPDATE tenants SET display_name = $2, status = $3, default_effect = $4,
-			version = $5, updated_at = $6 WHERE id = $1`,
-			id, t.DisplayName, t.Status, t.DefaultEffect, t.Version, ms(at))
+			version = $5, updated_at = $6, require_tool_approval = $7 WHERE id = $1`,
+			id, t.DisplayName, t.Status, t.DefaultEffect, t.Version, ms(at), t.RequireToolApproval)
 		out = t
 		return err
 	})

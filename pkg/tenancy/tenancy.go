@@ -53,6 +53,10 @@ type Tenant struct {
 	Version         int64     `json:"version"`
 	CreatedAt       time.Time `json:"createdAt"`
 	UpdatedAt       time.Time `json:"updatedAt"`
+
+	// RequireToolApproval hides and refuses the tools a known node gains
+	// (wire.NodeRecord.PendingTools) until an admin approves them.
+	RequireToolApproval bool `json:"requireToolApproval"`
 }
 
 // TenantUpdate names the fields to change; nil leaves a field as it is.
@@ -60,6 +64,8 @@ type TenantUpdate struct {
 	DisplayName   *string
 	Status        *string
 	DefaultEffect *string
+	// RequireToolApproval switches the approval of tools nodes gain.
+	RequireToolApproval *bool
 }
 
 // Token is an operator API token as stored: the secret itself is never

@@ -174,7 +174,8 @@ func tenantCommand(env func(string) string) *cobra.Command {
 		})
 	}
 	var upDisplay, upDefault string
-	update := leaf("update NAME", "Change a tenant's display name or default effect", cobra.ExactArgs(1), func(cmd *cobra.Command, args []string) error {
+	var upApproval bool
+	update := leaf("update NAME", "Change a tenant's display name, default effect or tool approval", cobra.ExactArgs(1), func(cmd *cobra.Command, args []string) error {
 		var patch adminapi.TenantPatch
 		if cmd.Flags().Changed("display-name") {
 			patch.DisplayName = &upDisplay
@@ -182,8 +183,11 @@ func tenantCommand(env func(string) string) *cobra.Command {
 		if cmd.Flags().Changed("default") {
 			patch.DefaultEffect = &upDefault
 		}
-		if patch.DisplayName == nil && patch.DefaultEffect == nil {
-			return fmt.Errorf("nothing to change: pass --display-name or --default")
+		if cmd.Flags().Changed("require-tool-approval") {
+			patch.RequireToolApproval = &upApproval
+		}
+		if patch.DisplayName == nil && patch.DefaultEffect == nil && patch.RequireToolApproval == nil {
+			return fmt.Errorf("nothing to change: pass --display-name, --default or --require-tool-approval")
 		}
 		var t tenancy.Tenant
 		return c.run(cmd, "PATCH", "/api/tenants/"+seg(args[0]), patch, &t, func(w io.Writer) error {
@@ -192,6 +196,8 @@ func tenantCommand(env func(string) string) *cobra.Command {
 	})
 	update.Flags().StringVar(&upDisplay, "display-name", "", "human-readable name")
 	update.Flags().StringVar(&upDefault, "default", "", "effect when no policy rule matches: allow or deny")
+	update.Flags().BoolVar(&upApproval, "require-tool-approval", false,
+		"hide and refuse the tools a known node gains until `xiaoclaw node approve-tools NODE` (=false to stop)")
 	cmd.AddCommand(create, list, update,
 		status("suspend", "Suspend a tenant: its tokens and devices stop working (global admin token)"),
 		status("resume", "Make a suspended tenant active again (global admin token)"))
