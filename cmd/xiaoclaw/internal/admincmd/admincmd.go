@@ -35,6 +35,7 @@ func CommandsWithEnv(env func(string) string) []*cobra.Command {
 	return []*cobra.Command{
 		tenantCommand(env), tokenCommand(env), deviceKeyCommand(env),
 		allowlistCommand(env), groupCommand(env), policyCommand(env), deviceCommand(env), endpointCommand(env),
+		nodeCommand(env),
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/access"
 	"github.com/xiaoclaw/xiaoclaw/pkg/activation"
@@ -84,8 +85,13 @@ func openTenancy(ctx context.Context, cfg Config, nc *nats.Conn, acts activation
 	if cfg.AdminToken != "" {
 		admins = []string{cfg.AdminToken}
 	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return fail(err)
+	}
 	if t.AdminAPI, err = adminapi.New(adminapi.Config{Manager: t.Manager, Operators: t.OperatorAuth, Policy: t.Policy,
-		AdminTokens: admins, Activator: adminapi.ActivationBinder(acts), DeviceTokens: t.DeviceMinter, Log: log}); err != nil {
+		AdminTokens: admins, Activator: adminapi.ActivationBinder(acts), DeviceTokens: t.DeviceMinter,
+		Nodes: adminapi.KVNodeApprover(js), Log: log}); err != nil {
 		return fail(err)
 	}
 	return t, nil
