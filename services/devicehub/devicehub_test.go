@@ -809,9 +809,9 @@ func expectAuthFailures(t *testing.T, ch chan *nats.Msg, n int, transport string
 	return reasons
 }
 
-// An MCP session is announced connecting (without a catalog) as soon as it
-// is registered, online once its tools are listed, and offline if it ends
-// in between.
+// An MCP session is announced connecting (without a catalog) once the
+// device is initialized, online once its tools are listed, and offline if
+// it ends in between.
 func TestConnectingUntilToolsListed(t *testing.T) {
 	e := newEnv(t)
 	hub := startHub(t, e, devicehub.Config{})
@@ -826,8 +826,8 @@ func TestConnectingUntilToolsListed(t *testing.T) {
 		t.Fatal(err)
 	}
 	ev := w.next()
-	if ev.Kind != wire.DeviceConnecting || ev.SessionID != d.SessionID() || !ev.MCP || len(ev.Tools) != 0 || len(ev.ServerInfo) != 0 || len(ev.Hello) == 0 {
-		t.Fatalf("first event %+v, want connecting of %s without a catalog", ev, d.SessionID())
+	if ev.Kind != wire.DeviceConnecting || ev.SessionID != d.SessionID() || !ev.MCP || len(ev.Tools) != 0 || len(ev.ServerInfo) == 0 || len(ev.Hello) == 0 {
+		t.Fatalf("first event %+v, want connecting of %s with server info, without a catalog", ev, d.SessionID())
 	}
 	eventually(t, "tools/list asked", func() bool { return d.Requests("tools/list") == 1 })
 	select {

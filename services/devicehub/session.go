@@ -77,15 +77,15 @@ func (s *session) logAttrs() []any {
 	return []any{"tenant", s.key.tenant, "device", s.key.device, "session_id", s.id}
 }
 
-// startMCP announces a device that announced MCP as connecting, runs
-// discovery and then announces the session online; without MCP it
-// announces it online at once. Called once the session is registered.
+// startMCP runs discovery for a device that announced MCP, announcing the
+// session connecting once the device is initialized and online once its
+// tools are listed; without MCP it announces it online at once. Called once
+// the session is registered.
 func (s *session) startMCP() {
 	if !s.hasMCP {
 		s.goOnline(nil, nil, false)
 		return
 	}
-	s.goConnecting()
 	go func() {
 		cfg := s.hub.cfg
 		d, err := s.mcp.Discover(func() (context.Context, context.CancelFunc) {
@@ -93,6 +93,7 @@ func (s *session) startMCP() {
 		}, mcpclient.DiscoverOptions{
 			WithUserTools: cfg.WithUserTools, MaxCatalogBytes: cfg.MaxCatalogBytes,
 			MaxPages: cfg.MaxToolPages, ClientVersion: cfg.Version,
+			Initialized: s.goConnecting,
 		})
 		if err != nil {
 			s.mu.Lock()
@@ -111,14 +112,18 @@ func (s *session) startMCP() {
 	}()
 }
 
-// goConnecting announces the session before its catalog is known, so that
-// the node is listed (with the catalog it had) while discovery runs, which
-// takes as long as the device needs to answer tools/list.
-func (s *session) goConnecting() {
+// goConnecting announces an initialized session before its catalog is
+// known, so that the node is listed (with the catalog it had) while the
+// device answers tools/list, which may take long.
+func (s *session) goConnecting(serverInfo json.RawMessage) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.ended || s.online {
 		return
+	}
+	if len(serverInfo) > 0 {
+		h := unique.Make(string(serverInfo))
+		s.serverInfo = &h
 	}
 	s.connecting = true
 	s.publishConnectingLocked()
@@ -126,7 +131,11 @@ func (s *session) goConnecting() {
 
 // publishConnectingLocked publishes the connecting event under s.mu.
 func (s *session) publishConnectingLocked() {
-	s.hub.publish(s.key, s.announceEvent(wire.DeviceConnecting))
+	ev := s.announceEvent(wire.DeviceConnecting)
+	if s.serverInfo != nil {
+		ev.ServerInfo = json.RawMessage(s.serverInfo.Value())
+	}
+	s.hub.publish(s.key, ev)
 }
 
 // announceEvent is a connecting or online event with the session's hello facts.

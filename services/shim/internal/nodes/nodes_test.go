@@ -59,7 +59,7 @@ func TestSessionRules(t *testing.T) {
 		{"online, same start (resync)", live("a", 100), ev(wire.DeviceOnline, "a", 100), applyOnline, true},
 		{"online, older session", live("b", 200), ev(wire.DeviceOnline, "a", 100), applyOnline, false},
 		{"online after the record ended", ended("a", 100), ev(wire.DeviceOnline, "b", 300), applyOnline, true},
-		{"connecting, no record", nil, ev(wire.DeviceConnecting, "a", 100), applyConnecting, true},
+		{"connecting, no record", nil, ev(wire.DeviceConnecting, "a", 100), applyConnecting, false},
 		{"connecting, newer session", live("a", 100), ev(wire.DeviceConnecting, "b", 200), applyConnecting, true},
 		{"connecting, session already listed", live("a", 100), ev(wire.DeviceConnecting, "a", 100), applyConnecting, false},
 		{"connecting, older session", live("b", 200), ev(wire.DeviceConnecting, "a", 100), applyConnecting, false},

@@ -147,9 +147,14 @@ func applyOnline(old *wire.NodeRecord, ev *wire.DeviceEvent) (wire.NodeRecord, b
 // connected under the new session at once, with the catalog (and board
 // facts) it had, marked stale until the session's online event brings the
 // listed catalog. It does not apply to an older session, nor to a session
-// that has listed its tools already or has ended.
+// that has listed its tools already or has ended, nor to a node without a
+// catalog on record: a node seen for the first time is listed once its
+// tools are, so that a client that waits for it to connect can call them.
 func applyConnecting(old *wire.NodeRecord, ev *wire.DeviceEvent) (wire.NodeRecord, bool) {
-	if old != nil && old.SessionID == ev.SessionID && (!old.ToolsStale || !old.Connected) {
+	if old == nil || len(old.Tools) == 0 && old.ToolsVersion == 0 {
+		return wire.NodeRecord{}, false
+	}
+	if old.SessionID == ev.SessionID && (!old.ToolsStale || !old.Connected) {
 		return wire.NodeRecord{}, false
 	}
 	r, ok := applyOnline(old, ev)
@@ -157,11 +162,9 @@ func applyConnecting(old *wire.NodeRecord, ev *wire.DeviceEvent) (wire.NodeRecor
 		return r, false
 	}
 	r.ToolsStale = true
-	if old != nil {
-		r.Tools, r.ToolsVersion, r.PendingTools = old.Tools, old.ToolsVersion, old.PendingTools
-		if len(ev.ServerInfo) == 0 && old.ModelIdentifier != "" {
-			r.ModelIdentifier, r.Version, r.DisplayName = old.ModelIdentifier, old.Version, old.DisplayName
-		}
+	r.Tools, r.ToolsVersion, r.PendingTools = old.Tools, old.ToolsVersion, old.PendingTools
+	if len(ev.ServerInfo) == 0 && old.ModelIdentifier != "" {
+		r.ModelIdentifier, r.Version, r.DisplayName = old.ModelIdentifier, old.Version, old.DisplayName
 	}
 	return r, true
 }
