@@ -95,7 +95,9 @@ func (c *Collector) event(m *nats.Msg) (Event, bool) {
 	}
 	e := Event{Tenant: tenant, Device: device, Node: wire.DeviceNodeID(device), Instance: ev.Hub}
 	switch ev.Kind {
-	case wire.DeviceOnline:
+	case wire.DeviceOnline, wire.DeviceConnecting:
+		// A session is connecting first and online once listed: one
+		// connect, stored once (same id), even if it never gets online.
 		e.Kind, e.Detail = KindDeviceConnect, ev.Transport+" "+ev.RemoteIP
 	case wire.DeviceOffline:
 		e.Kind, e.Detail = KindDeviceDisconnect, ev.Reason

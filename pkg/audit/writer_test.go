@@ -250,6 +250,9 @@ func TestCollector(t *testing.T) {
 	}
 	online := wire.DeviceEvent{Kind: wire.DeviceOnline, Tenant: "acme", Device: "a1b2c3d4e5f6", SessionID: "s1", Hub: "hub-1",
 		Transport: wire.TransportWebSocket, RemoteIP: "10.0.0.7", AtMs: time.Now().UnixMilli()}
+	connecting := online
+	connecting.Kind = wire.DeviceConnecting
+	send(wire.DeviceState("acme", "a1b2c3d4e5f6"), connecting) // the same session's connect, once
 	send(wire.DeviceState("acme", "a1b2c3d4e5f6"), online)
 	send(wire.DeviceState("acme", "a1b2c3d4e5f6"), online) // resync re-announces it
 	send(wire.DeviceState("acme", "a1b2c3d4e5f6"), wire.DeviceEvent{Kind: wire.DeviceTools, SessionID: "s1"})

@@ -179,6 +179,14 @@ func (e *Engine) Authorize(ctx context.Context, r access.Request) access.Decisio
 	return tp.decide(v, argsFn)
 }
 
+// RequiresToolApproval reports whether the tenant hides and refuses the
+// tools its nodes gain until an admin approves them. It fails closed: a
+// tenant whose settings cannot be read requires approval.
+func (e *Engine) RequiresToolApproval(ctx context.Context, tenant string) bool {
+	tp, err := e.policyFor(ctx, tenant)
+	return err != nil || tp.tenant.RequireToolApproval
+}
+
 // usable returns the tenant's policy, or the decision to return when there
 // is none to use.
 func (e *Engine) usable(ctx context.Context, tenant string) (*tenantPolicy, access.Decision, bool) {

@@ -142,7 +142,7 @@ func bump(ctx context.Context, tx *sql.Tx, tenant string, at time.Time) error {
 	return nil
 }
 
-const tenantCols = `id, display_name, status, default_effect, device_allowlist, version, created_at, updated_at, max_inflight, max_inflight_per_device`
+const tenantCols = `id, display_name, status, default_effect, device_allowlist, version, created_at, updated_at, max_inflight, max_inflight_per_device, require_tool_approval`
 
 type scanner interface{ Scan(...any) error }
 
@@ -151,7 +151,7 @@ func scanTenant(r scanner) (Tenant, error) {
 	var created, updated int64
 	var maxInflight, perDevice sql.NullInt64
 	err := r.Scan(&t.ID, &t.DisplayName, &t.Status, &t.DefaultEffect, &t.DeviceAllowlist, &t.Version, &created, &updated,
-		&maxInflight, &perDevice)
+		&maxInflight, &perDevice, &t.RequireToolApproval)
 	t.CreatedAt, t.UpdatedAt = fromMs(created), fromMs(updated)
 	t.Limits = Limits{MaxInflight: int(maxInflight.Int64), MaxInflightPerDevice: int(perDevice.Int64)}
 	return t, err
@@ -165,9 +165,9 @@ func nullLimit(v int) sql.NullInt64 {
 
 // CreateTenant inserts t; ErrConflict if the id is taken.
 func (s *SQLStore) CreateTenant(ctx context.Context, t Tenant) error {
-	_, err := s.db.ExecContext(ctx, `INSERT INTO tenants (`+tenantCols+`) VALUES ($1, $2, $3, $4, $5, 1, $6, $6, $7, $8)`,
+	_, err := s.db.ExecContext(ctx, `INSERT INTO tenants (`+tenantCols+`) VALUES ($1, $2, $3, $4, $5, 1, $6, $6, $7, $8, $9)`,
 		t.ID, t.DisplayName, t.Status, t.DefaultEffect, t.DeviceAllowlist, ms(t.CreatedAt),
-		nullLimit(t.Limits.MaxInflight), nullLimit(t.Limits.MaxInflightPerDevice))
+		nullLimit(t.Limits.MaxInflight), nullLimit(t.Limits.MaxInflightPerDevice), t.RequireToolApproval)
 	return classify(err)
 }
 
@@ -221,12 +221,15 @@ func (s *SQLStore) UpdateTenant(ctx context.Context, id string, u TenantUpdate, 
 		if u.MaxInflightPerDevice != nil {
 			t.Limits.MaxInflightPerDevice = *u.MaxInflightPerDevice
 		}
+		if u.RequireToolApproval != nil {
+			t.RequireToolApproval = *u.RequireToolApproval
+		}
 		t.Version++
 		t.UpdatedAt = fromMs(ms(at))
 		_, err = tx.ExecContext(ctx, `UPDATE tenants SET display_name = $2, status = $3, default_effect = $4,
-			version = $5, updated_at = $6, max_inflight = $7, max_inflight_per_device = $8 WHERE id = $1`,
+			version = $5, updated_at = $6, max_inflight = $7, max_inflight_per_device = $8, require_tool_approval = $9 WHERE id = $1`,
 			id, t.DisplayName, t.Status, t.DefaultEffect, t.Version, ms(at),
-			nullLimit(t.Limits.MaxInflight), nullLimit(t.Limits.MaxInflightPerDevice))
+			nullLimit(t.Limits.MaxInflight), nullLimit(t.Limits.MaxInflightPerDevice), t.RequireToolApproval)
 		out = t
 		return err
 	})

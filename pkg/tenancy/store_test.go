@@ -60,6 +60,16 @@ func TestStoreTenants(t *testing.T) {
 		if got.Status != susp || got.DefaultEffect != deny || !got.UpdatedAt.Equal(t0.Add(time.Minute)) {
 			t.Fatalf("after update = %+v", got)
 		}
+		if got.RequireToolApproval {
+			t.Fatal("a new tenant requires tool approval")
+		}
+		on := true
+		if u, err := s.UpdateTenant(ctx, "beta", tenancy.TenantUpdate{RequireToolApproval: &on}, t0); err != nil || !u.RequireToolApproval {
+			t.Fatalf("require tool approval: %+v %v", u, err)
+		}
+		if got, _ := s.Tenant(ctx, "beta"); !got.RequireToolApproval || got.DefaultEffect != tenancy.EffectAllow {
+			t.Fatalf("after requiring tool approval: %+v", got)
+		}
 		if _, err := s.Tenant(ctx, "nope"); !errors.Is(err, tenancy.ErrNotFound) {
 			t.Fatalf("unknown tenant: %v", err)
 		}
@@ -67,7 +77,7 @@ func TestStoreTenants(t *testing.T) {
 			t.Fatalf("update unknown tenant: %v", err)
 		}
 		v, err := s.TenantVersions(ctx)
-		if err != nil || v["acme"] != 2 || v["beta"] != 1 || len(v) != 2 {
+		if err != nil || v["acme"] != 2 || v["beta"] != 2 || len(v) != 2 {
 			t.Fatalf("versions = %v, %v", v, err)
 		}
 	})

@@ -55,6 +55,10 @@ type Tenant struct {
 	Version   int64     `json:"version"`
 	CreatedAt time.Time `json:"createdAt"`
 	UpdatedAt time.Time `json:"updatedAt"`
+
+	// RequireToolApproval hides and refuses the tools a known node gains
+	// (wire.NodeRecord.PendingTools) until an admin approves them.
+	RequireToolApproval bool `json:"requireToolApproval"`
 }
 
 // Limits bound the node.invoke calls of a tenant in flight on each shim
@@ -75,6 +79,8 @@ type TenantUpdate struct {
 	// shim's default.
 	MaxInflight          *int
 	MaxInflightPerDevice *int
+	// RequireToolApproval switches the approval of tools nodes gain.
+	RequireToolApproval *bool
 }
 
 // Token is an operator API token as stored: the secret itself is never

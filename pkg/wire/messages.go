@@ -8,6 +8,11 @@ const (
 	// DeviceOnline: a session is up; carries the hello facts and, when the
 	// device speaks MCP, its server info and full tool catalog.
 	DeviceOnline = "online"
+	// DeviceConnecting: an MCP session is up and its discovery (initialize,
+	// tools/list) is under way; carries the hello facts but no server info
+	// or catalog. The session's online event follows once the catalog is
+	// listed; its offline event may come instead.
+	DeviceConnecting = "connecting"
 	// DeviceTools: the tool catalog was listed again (replaces the old one).
 	DeviceTools = "tools"
 	// DeviceOffline: the session identified by SessionID ended.
@@ -124,6 +129,9 @@ const (
 	EventNodeConnected    = "node.connected"
 	EventNodeDisconnected = "node.disconnected"
 	EventToolsChanged     = "mcp.tools.changed"
+	// EventNodeToolsChanged carries the same change as EventToolsChanged
+	// plus the catalog's new version (NodeRecord.ToolsVersion).
+	EventNodeToolsChanged = "node.tools.changed"
 	EventMCPNotification  = "mcp.notification"
 )
 
@@ -159,4 +167,15 @@ type NodeRecord struct {
 	LastSeenMs      int64           `json:"lastSeenMs,omitempty"`
 	Owner           string          `json:"owner,omitempty"` // hub or gateway instance holding the session
 	SessionID       string          `json:"sessionId,omitempty"`
+
+	// ToolsVersion counts the catalog changes of the node: it increases by
+	// one whenever Tools changes, across sessions, and never goes back.
+	ToolsVersion uint64 `json:"toolsVersion,omitempty"`
+	// ToolsStale is set while the connected session has not listed its
+	// tools yet: Tools is then the catalog of an earlier session.
+	ToolsStale bool `json:"toolsStale,omitempty"`
+	// PendingTools names the tools the node gained after its first catalog
+	// that no admin has approved yet (sorted). A tenant that requires tool
+	// approval hides and refuses them until an admin approves.
+	PendingTools []string `json:"pendingTools,omitempty"`
 }

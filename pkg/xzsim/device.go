@@ -191,6 +191,7 @@ type Device struct {
 	extra      map[int]int
 	latency    time.Duration
 	gate       chan struct{} // non-nil while calls are held
+	listGate   chan struct{} // non-nil while tools/list answers are held
 	requests   map[string]int
 	lastParams map[string]json.RawMessage
 	conn       *connection
@@ -282,6 +283,37 @@ func (d *Device) Hold() (release func()) {
 			close(gate)
 		})
 	}
+}
+
+// HoldToolsList makes every tools/list answer wait until release is called
+// (or the connection ends), like a board slow to list its tools after a
+// reconnect.
+func (d *Device) HoldToolsList() (release func()) {
+	gate := make(chan struct{})
+	d.mu.Lock()
+	d.listGate = gate
+	d.mu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			d.mu.Lock()
+			if d.listGate == gate {
+				d.listGate = nil
+			}
+			d.mu.Unlock()
+			close(gate)
+		})
+	}
+}
+
+// SetExtraTools changes the catalog to the built-in tools plus n extra
+// ones, as a firmware update would; tell the server with Notify
+// ("notifications/tools/list_changed").
+func (d *Device) SetExtraTools(n int) {
+	c := newCatalog(n)
+	d.mu.Lock()
+	d.catalog = c
+	d.mu.Unlock()
 }
 
 // Held returns how many tools/call requests are waiting on Hold.
@@ -788,11 +820,24 @@ func (c *connection) handleMCP(payload []byte) {
 		return
 	}
 	reply, call := c.d.respond(req)
+	d := c.d
 	if call == nil {
-		c.reply(reply)
+		d.mu.Lock()
+		listGate := d.listGate
+		d.mu.Unlock()
+		if req.method != "tools/list" || listGate == nil {
+			c.reply(reply)
+			return
+		}
+		go func() {
+			select {
+			case <-listGate:
+				c.reply(reply)
+			case <-c.done:
+			}
+		}()
 		return
 	}
-	d := c.d
 	d.mu.Lock()
 	gate, latency := d.gate, d.latency
 	d.mu.Unlock()
@@ -836,6 +881,7 @@ func (d *Device) respond(req rpcRequest) ([]byte, *toolCall) {
 	if p, err := json.Marshal(req.params); err == nil {
 		d.lastParams[req.method] = p
 	}
+	cat := d.catalog
 	d.mu.Unlock()
 
 	switch req.method {
@@ -848,19 +894,19 @@ func (d *Device) respond(req rpcRequest) ([]byte, *toolCall) {
 			_ = json.Unmarshal(raw, &cursor)
 		}
 		withUser := string(req.params["withUserTools"]) == "true"
-		page, errMsg := d.catalog.toolsPage(cursor, withUser)
+		page, errMsg := cat.toolsPage(cursor, withUser)
 		if errMsg != "" {
 			return replyError(req.id, errMsg), nil
 		}
 		return replyResult(req.id, page), nil
 	case "tools/call":
-		return d.prepareCall(req)
+		return d.prepareCall(req, cat)
 	default:
 		return replyError(req.id, "Method not implemented: "+req.method), nil
 	}
 }
 
-func (d *Device) prepareCall(req rpcRequest) ([]byte, *toolCall) {
+func (d *Device) prepareCall(req rpcRequest, cat *catalog) ([]byte, *toolCall) {
 	if req.params == nil {
 		return replyError(req.id, "Missing params"), nil
 	}
@@ -874,7 +920,7 @@ func (d *Device) prepareCall(req rpcRequest) ([]byte, *toolCall) {
 			return replyError(req.id, "Invalid arguments"), nil
 		}
 	}
-	t, ok := d.catalog.byName[name]
+	t, ok := cat.byName[name]
 	if !ok {
 		return replyError(req.id, "Unknown tool: "+name), nil
 	}

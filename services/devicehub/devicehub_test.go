@@ -251,12 +251,16 @@ func TestNewSessionReplacesOld(t *testing.T) {
 		t.Fatalf("pending call on the replaced session: %v", r.err)
 	}
 	off := w.next()
+	conn2 := w.next()
 	on2 := w.next()
 	if off.Kind != wire.DeviceOffline || off.SessionID != on1.SessionID {
 		t.Fatalf("first event after replacement: %+v, want offline of %s", off, on1.SessionID)
 	}
+	if conn2.Kind != wire.DeviceConnecting || conn2.SessionID != d2.SessionID() || len(conn2.Tools) != 0 {
+		t.Fatalf("second event after replacement: %+v, want connecting of %s", conn2, d2.SessionID())
+	}
 	if on2.Kind != wire.DeviceOnline || on2.SessionID != d2.SessionID() || on2.SessionID <= on1.SessionID {
-		t.Fatalf("second event after replacement: %+v, want online of %s (sorting after %s)", on2, d2.SessionID(), on1.SessionID)
+		t.Fatalf("third event after replacement: %+v, want online of %s (sorting after %s)", on2, d2.SessionID(), on1.SessionID)
 	}
 	decodeResponse(t, rpc(t, e.nc, testTenant, dev, callBody("self.audio_speaker.set_volume", `{"volume":9}`), 5*time.Second))
 	if d2.Volume() != 9 || d1.Volume() == 9 {
@@ -803,4 +807,76 @@ func expectAuthFailures(t *testing.T, ch chan *nats.Msg, n int, transport string
 		}
 	}
 	return reasons
+}
+
+// An MCP session is announced connecting (without a catalog) once the
+// device is initialized, online once its tools are listed, and offline if
+// it ends in between.
+func TestConnectingUntilToolsListed(t *testing.T) {
+	e := newEnv(t)
+	hub := startHub(t, e, devicehub.Config{})
+	const mac = "aa:bb:cc:00:00:31"
+	w := watch(t, e, testTenant, canonical(t, mac))
+	d := newDevice(t, hub, mac, nil)
+	release := d.HoldToolsList()
+	defer release()
+	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	defer cancel()
+	if err := d.Connect(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ev := w.next()
+	if ev.Kind != wire.DeviceConnecting || ev.SessionID != d.SessionID() || !ev.MCP || len(ev.Tools) != 0 || len(ev.ServerInfo) == 0 || len(ev.Hello) == 0 {
+		t.Fatalf("first event %+v, want connecting of %s with server info, without a catalog", ev, d.SessionID())
+	}
+	eventually(t, "tools/list asked", func() bool { return d.Requests("tools/list") == 1 })
+	select {
+	case m := <-w.ch:
+		t.Fatalf("event before the device listed its tools: %s", m.Data)
+	default:
+	}
+	release()
+	ev = w.next()
+	if ev.Kind != wire.DeviceOnline || ev.SessionID != d.SessionID() || len(toolNames(t, ev.Tools)) == 0 || len(ev.ServerInfo) == 0 {
+		t.Fatalf("event after listing %+v, want online with the catalog", ev)
+	}
+
+	// A session that ends while listing goes offline.
+	const mac2 = "aa:bb:cc:00:00:32"
+	w2 := watch(t, e, testTenant, canonical(t, mac2))
+	d2 := newDevice(t, hub, mac2, nil)
+	release2 := d2.HoldToolsList()
+	defer release2()
+	if err := d2.Connect(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if ev := w2.next(); ev.Kind != wire.DeviceConnecting {
+		t.Fatalf("first event %+v, want connecting", ev)
+	}
+	eventually(t, "tools/list asked", func() bool { return d2.Requests("tools/list") == 1 })
+	_ = d2.Close()
+	if ev := w2.next(); ev.Kind != wire.DeviceOffline || ev.SessionID != d2.SessionID() {
+		t.Fatalf("event after the device left %+v, want offline", ev)
+	}
+}
+
+// A device that never answers tools/list goes online without a catalog
+// (unknown, not empty), so the registry keeps the node's last one.
+func TestOnlineWithoutCatalogWhenListingFails(t *testing.T) {
+	e := newEnv(t)
+	hub := startHub(t, e, devicehub.Config{CallTimeout: 200 * time.Millisecond})
+	const mac = "aa:bb:cc:00:00:33"
+	w := watch(t, e, testTenant, canonical(t, mac))
+	d := newDevice(t, hub, mac, nil)
+	release := d.HoldToolsList()
+	defer release()
+	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	defer cancel()
+	if err := d.Connect(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ev := w.nextKind(wire.DeviceOnline)
+	if ev.SessionID != d.SessionID() || !ev.MCP || ev.Tools != nil || len(ev.ServerInfo) == 0 {
+		t.Fatalf("online after a failed listing: %+v, want server info and no tools", ev)
+	}
 }

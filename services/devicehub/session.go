@@ -65,6 +65,7 @@ type session struct {
 	notify     *notifyLimit
 
 	mu         sync.Mutex // guards the fields below and orders this session's events
+	connecting bool       // announced connecting, discovery under way
 	online     bool
 	ended      bool
 	serverInfo *unique.Handle[string]
@@ -76,12 +77,13 @@ func (s *session) logAttrs() []any {
 	return []any{"tenant", s.key.tenant, "device", s.key.device, "session_id", s.id}
 }
 
-// startMCP runs discovery for a device that announced MCP and then
-// announces the session online; without MCP it announces it at once.
-// Called once the session is registered.
+// startMCP runs discovery for a device that announced MCP, announcing the
+// session connecting once the device is initialized and online once its
+// tools are listed; without MCP it announces it online at once. Called once
+// the session is registered.
 func (s *session) startMCP() {
 	if !s.hasMCP {
-		s.goOnline(nil, nil)
+		s.goOnline(nil, nil, false)
 		return
 	}
 	go func() {
@@ -91,6 +93,7 @@ func (s *session) startMCP() {
 		}, mcpclient.DiscoverOptions{
 			WithUserTools: cfg.WithUserTools, MaxCatalogBytes: cfg.MaxCatalogBytes,
 			MaxPages: cfg.MaxToolPages, ClientVersion: cfg.Version,
+			Initialized: s.goConnecting,
 		})
 		if err != nil {
 			s.mu.Lock()
@@ -102,11 +105,56 @@ func (s *session) startMCP() {
 			s.hub.log.Warn("devicehub: MCP discovery incomplete; announcing what was learned",
 				append(s.logAttrs(), "pages", d.Pages, "err", err)...)
 		}
-		s.goOnline(d.ServerInfo, d.Tools)
+		// Without a single page the catalog is unknown rather than empty:
+		// online then carries none, and the registry keeps the node's last
+		// one (stale) until a re-list succeeds.
+		s.goOnline(d.ServerInfo, d.Tools, err == nil || d.Pages > 0)
 	}()
 }
 
-func (s *session) goOnline(serverInfo, tools json.RawMessage) {
+// goConnecting announces an initialized session before its catalog is
+// known, so that the node is listed (with the catalog it had) while the
+// device answers tools/list, which may take long.
+func (s *session) goConnecting(serverInfo json.RawMessage) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ended || s.online {
+		return
+	}
+	if len(serverInfo) > 0 {
+		h := unique.Make(string(serverInfo))
+		s.serverInfo = &h
+	}
+	s.connecting = true
+	s.publishConnectingLocked()
+}
+
+// publishConnectingLocked publishes the connecting event under s.mu.
+func (s *session) publishConnectingLocked() {
+	ev := s.announceEvent(wire.DeviceConnecting)
+	if s.serverInfo != nil {
+		ev.ServerInfo = json.RawMessage(s.serverInfo.Value())
+	}
+	s.hub.publish(s.key, ev)
+}
+
+// announceEvent is a connecting or online event with the session's hello facts.
+func (s *session) announceEvent(kind string) *wire.DeviceEvent {
+	ev := s.event(kind)
+	ev.AtMs = s.startedMs
+	ev.ClientID = s.clientID
+	ev.RemoteIP = s.remoteIP
+	ev.UserAgent = s.userAgent
+	if s.hello != (unique.Handle[string]{}) {
+		ev.Hello = json.RawMessage(s.hello.Value())
+	}
+	ev.MCP = s.hasMCP
+	return ev
+}
+
+// goOnline announces the session online; listed says whether tools is the
+// device's catalog (an MCP session that could not list any has none).
+func (s *session) goOnline(serverInfo, tools json.RawMessage, listed bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.ended {
@@ -116,14 +164,14 @@ func (s *session) goOnline(serverInfo, tools json.RawMessage) {
 		h := unique.Make(string(serverInfo))
 		s.serverInfo = &h
 	}
-	if s.hasMCP {
+	if s.hasMCP && listed {
 		if len(tools) == 0 {
 			tools = json.RawMessage("[]")
 		}
 		h := unique.Make(string(tools))
 		s.tools = &h
 	}
-	s.online = true
+	s.online, s.connecting = true, false
 	s.publishOnlineLocked()
 	s.hub.log.Info("devicehub: device online", s.logAttrs()...)
 }
@@ -131,15 +179,7 @@ func (s *session) goOnline(serverInfo, tools json.RawMessage) {
 // publishOnlineLocked publishes the online event; s.mu is held so that an
 // offline event can never overtake it.
 func (s *session) publishOnlineLocked() {
-	ev := s.event(wire.DeviceOnline)
-	ev.AtMs = s.startedMs
-	ev.ClientID = s.clientID
-	ev.RemoteIP = s.remoteIP
-	ev.UserAgent = s.userAgent
-	if s.hello != (unique.Handle[string]{}) {
-		ev.Hello = json.RawMessage(s.hello.Value())
-	}
-	ev.MCP = s.hasMCP
+	ev := s.announceEvent(wire.DeviceOnline)
 	if s.serverInfo != nil {
 		ev.ServerInfo = json.RawMessage(s.serverInfo.Value())
 	}
@@ -149,12 +189,17 @@ func (s *session) publishOnlineLocked() {
 	s.hub.publish(s.key, ev)
 }
 
-// republish announces the session again if it is online (hub resync).
+// republish announces the session again if it is online or connecting
+// (hub resync).
 func (s *session) republish() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.online && !s.ended {
+	switch {
+	case s.ended:
+	case s.online:
 		s.publishOnlineLocked()
+	case s.connecting:
+		s.publishConnectingLocked()
 	}
 }
 
@@ -175,7 +220,7 @@ func (s *session) end(cause endCause, reason string, fault *wire.Fault) {
 		return
 	}
 	s.ended = true
-	wasOnline := s.online
+	wasOnline := s.online || s.connecting
 	s.mu.Unlock()
 
 	s.conn.close(cause, reason)

@@ -315,6 +315,9 @@ func New(cfg Config, nc *nats.Conn, log *slog.Logger) (*Service, error) {
 		perTenant: map[string]int{},
 		workers:   gopool.New(0),
 	}
+	if tp, ok := cfg.Authorizer.(toolApprovalPolicy); ok {
+		s.cfg.Authorizer = approvalGate{next: cfg.Authorizer, tenants: tp, s: s}
+	}
 	s.tracer = cfg.TracerProvider.Tracer(telemetry.ScopeName)
 	s.authFails = authguard.New(cfg.AuthFailures, func(a ConnectAudit, count int) {
 		a.Count = count

@@ -240,6 +240,13 @@ func (c *conn) appendNode(b []byte, n *registry.Node, open bool) []byte {
 		}
 		b = append(b, ']')
 	}
+	if n.ToolsVersion > 0 {
+		b = append(b, `,"toolsVersion":`...)
+		b = strconv.AppendUint(b, n.ToolsVersion, 10)
+	}
+	if n.ToolsStale {
+		b = append(b, `,"toolsStale":true`...)
+	}
 	if n.Kind != "" {
 		b = append(b, `,"kind":`...)
 		b = protocol.AppendString(b, n.Kind)

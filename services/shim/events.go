@@ -77,7 +77,7 @@ func decodeDeviceEvent(subject string, data []byte) (*wire.DeviceEvent, error) {
 		return nil, fmt.Errorf("event device %q differs from the subject's %q", ev.Device, device)
 	}
 	switch ev.Kind {
-	case wire.DeviceOnline, wire.DeviceTools, wire.DeviceOffline:
+	case wire.DeviceOnline, wire.DeviceConnecting, wire.DeviceTools, wire.DeviceOffline:
 		if ev.SessionID == "" {
 			return nil, fmt.Errorf("%s event without sessionId", ev.Kind)
 		}

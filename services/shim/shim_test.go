@@ -50,6 +50,7 @@ func TestRegistryFollowsDeviceEvents(t *testing.T) {
 		Transport: wire.TransportWebSocket, Caps: []string{"mcp"},
 		Commands:  []string{"mcp.initialize", "mcp.tools.call", "mcp.tools.call.v1", "mcp.tools.list"},
 		Connected: true, ConnectedAtMs: 1000, LastSeenMs: 1000, Owner: "hub-1", SessionID: "s1",
+		ToolsVersion: 1,
 	}
 	if string(rec.Tools) != compact(t, xiaozhiTools) {
 		t.Errorf("tools = %s", rec.Tools)
@@ -67,7 +68,7 @@ func TestRegistryFollowsDeviceEvents(t *testing.T) {
 	e.publishEvent(t, wire.DeviceEvent{Kind: wire.DeviceTools, Tenant: tenant, Device: device, SessionID: "s1", Hub: "hub-1", AtMs: 2000, Tools: json.RawMessage(tools)})
 	e.waitRecord(t, tenant, nodeID, "relisted", func(r wire.NodeRecord) bool { return string(r.Tools) == tools && r.LastSeenMs == 2000 })
 	ev = nextEvent(t, events, wire.EventToolsChanged)
-	if string(ev.Payload) != `{"tools":["self.light.set_rgb"],"added":["self.light.set_rgb"],"removed":["self.audio_speaker.set_volume","self.get_device_status","self.reboot","self.screen.set_theme"],"changed":[]}` {
+	if string(ev.Payload) != `{"tools":["self.light.set_rgb"],"added":["self.light.set_rgb"],"removed":["self.audio_speaker.set_volume","self.get_device_status","self.reboot","self.screen.set_theme"],"changed":[],"version":2,"pending":["self.light.set_rgb"]}` {
 		t.Errorf("mcp.tools.changed payload = %s", ev.Payload)
 	}
 

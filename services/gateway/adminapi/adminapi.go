@@ -52,6 +52,9 @@ type Config struct {
 	// DeviceTokens mints MCP endpoint tokens (POST .../endpoint-tokens);
 	// nil answers 404 there.
 	DeviceTokens DeviceTokenMinter
+	// Nodes approves the tools nodes gained (POST
+	// .../nodes/{node}/approve-tools); nil answers 404 there.
+	Nodes NodeApprover
 	// MaxBodyBytes caps a request body; 0 means 1 MiB.
 	MaxBodyBytes int64
 	// AuthFailures throttles failed authentication per source address:
@@ -146,6 +149,7 @@ func New(cfg Config) (http.Handler, error) {
 			r.Post("/policy/explain", a.handle(a.explain))
 			r.Post("/activations", a.handle(a.activate))
 			r.Post("/endpoint-tokens", a.handle(a.createEndpointToken))
+			r.Post("/nodes/{node}/approve-tools", a.handle(a.approveTools))
 		})
 	})
 	return r, nil

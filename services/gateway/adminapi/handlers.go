@@ -31,6 +31,9 @@ type TenantList struct {
 type TenantPatch struct {
 	DisplayName   *string `json:"displayName,omitempty"`
 	DefaultEffect *string `json:"defaultEffect,omitempty"`
+	// RequireToolApproval: the tools a known node gains stay hidden and
+	// refused until an admin approves them (POST .../nodes/{node}/approve-tools).
+	RequireToolApproval *bool `json:"requireToolApproval,omitempty"`
 }
 
 // LimitsPatch is the body of PATCH /api/tenants/{tenant}/limits: the
@@ -170,7 +173,7 @@ func (a *api) updateTenant(r *http.Request) (int, any, error) {
 		return 0, nil, err
 	}
 	t, err := a.cfg.Manager.UpdateTenant(r.Context(), tenantParam(r),
-		tenancy.TenantUpdate{DisplayName: p.DisplayName, DefaultEffect: p.DefaultEffect})
+		tenancy.TenantUpdate{DisplayName: p.DisplayName, DefaultEffect: p.DefaultEffect, RequireToolApproval: p.RequireToolApproval})
 	return http.StatusOK, t, err
 }
 

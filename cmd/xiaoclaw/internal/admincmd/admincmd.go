@@ -36,6 +36,7 @@ func CommandsWithEnv(env func(string) string) []*cobra.Command {
 	return []*cobra.Command{
 		tenantCommand(env), tokenCommand(env), deviceKeyCommand(env),
 		allowlistCommand(env), groupCommand(env), policyCommand(env), deviceCommand(env), endpointCommand(env),
+		nodeCommand(env),
 	}
 }
 
@@ -175,7 +176,8 @@ func tenantCommand(env func(string) string) *cobra.Command {
 		})
 	}
 	var upDisplay, upDefault string
-	update := leaf("update NAME", "Change a tenant's display name or default effect", cobra.ExactArgs(1), func(cmd *cobra.Command, args []string) error {
+	var upApproval bool
+	update := leaf("update NAME", "Change a tenant's display name, default effect or tool approval", cobra.ExactArgs(1), func(cmd *cobra.Command, args []string) error {
 		var patch adminapi.TenantPatch
 		if cmd.Flags().Changed("display-name") {
 			patch.DisplayName = &upDisplay
@@ -183,8 +185,11 @@ func tenantCommand(env func(string) string) *cobra.Command {
 		if cmd.Flags().Changed("default") {
 			patch.DefaultEffect = &upDefault
 		}
-		if patch.DisplayName == nil && patch.DefaultEffect == nil {
-			return fmt.Errorf("nothing to change: pass --display-name or --default")
+		if cmd.Flags().Changed("require-tool-approval") {
+			patch.RequireToolApproval = &upApproval
+		}
+		if patch.DisplayName == nil && patch.DefaultEffect == nil && patch.RequireToolApproval == nil {
+			return fmt.Errorf("nothing to change: pass --display-name, --default or --require-tool-approval")
 		}
 		var t tenancy.Tenant
 		return c.run(cmd, "PATCH", "/api/tenants/"+seg(args[0]), patch, &t, func(w io.Writer) error {
@@ -193,6 +198,8 @@ func tenantCommand(env func(string) string) *cobra.Command {
 	})
 	update.Flags().StringVar(&upDisplay, "display-name", "", "human-readable name")
 	update.Flags().StringVar(&upDefault, "default", "", "effect when no policy rule matches: allow or deny")
+	update.Flags().BoolVar(&upApproval, "require-tool-approval", false,
+		"hide and refuse the tools a known node gains until `xiaoclaw node approve-tools NODE` (=false to stop)")
 	cmd.AddCommand(create, list, update, limitsCommand(c), setLimitsCommand(c),
 		status("suspend", "Suspend a tenant: its tokens and devices stop working (global admin token)"),
 		status("resume", "Make a suspended tenant active again (global admin token)"))

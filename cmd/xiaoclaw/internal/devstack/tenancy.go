@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/access"
 	"github.com/xiaoclaw/xiaoclaw/pkg/activation"
@@ -92,8 +93,13 @@ func openTenancy(ctx context.Context, cfg Config, upstreamToken string, nc *nats
 	if cfg.AdminToken != "" {
 		admins = []string{cfg.AdminToken}
 	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return fail(err)
+	}
 	if t.AdminAPI, err = adminapi.New(adminapi.Config{Manager: t.Manager, Operators: t.OperatorAuth, Policy: t.Policy,
-		AdminTokens: admins, Activator: adminapi.ActivationBinder(acts), DeviceTokens: t.DeviceMinter, Log: log}); err != nil {
+		AdminTokens: admins, Activator: adminapi.ActivationBinder(acts), DeviceTokens: t.DeviceMinter,
+		Nodes: adminapi.KVNodeApprover(js), Log: log}); err != nil {
 		return fail(err)
 	}
 	return t, nil

@@ -226,6 +226,9 @@ type DiscoverOptions struct {
 	MaxPages int
 	// ClientVersion goes into clientInfo.version.
 	ClientVersion string
+	// Initialized, when set, runs once the server is initialized, before
+	// tools/list, with its serverInfo.
+	Initialized func(serverInfo json.RawMessage)
 }
 
 // Discover runs initialize, notifications/initialized and then tools/list
@@ -245,6 +248,9 @@ func (c *Client) Discover(callCtx func() (context.Context, context.CancelFunc), 
 	d.ServerInfo = xzproto.ServerInfo(res)
 	if err := c.Notify("notifications/initialized", nil); err != nil {
 		return d, fmt.Errorf("notifications/initialized: %w", err)
+	}
+	if o.Initialized != nil {
+		o.Initialized(d.ServerInfo)
 	}
 	l, err := c.ListTools(callCtx, o)
 	l.ServerInfo = d.ServerInfo

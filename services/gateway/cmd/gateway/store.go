@@ -111,7 +111,8 @@ func openBackend(ctx context.Context, dsn string, nc *nats.Conn, static access.S
 	}
 	admin, err := adminapi.New(adminapi.Config{Manager: mgr, Operators: b.auth, Policy: b.policy, AdminTokens: admins,
 		Activator: adminapi.ActivationBinder(acts), DeviceTokens: devs, AuthFailures: limits.authFailures,
-		ActivationFailures: limits.activationFailures, TrustedProxies: limits.trustedProxies, Log: log})
+		ActivationFailures: limits.activationFailures, TrustedProxies: limits.trustedProxies,
+		Nodes: adminapi.KVNodeApprover(js), Log: log})
 	if err != nil {
 		b.close()
 		return nil, err

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
+	"slices"
 	"testing"
 	"time"
 
@@ -58,6 +59,11 @@ func TestSessionRules(t *testing.T) {
 		{"online, same start (resync)", live("a", 100), ev(wire.DeviceOnline, "a", 100), applyOnline, true},
 		{"online, older session", live("b", 200), ev(wire.DeviceOnline, "a", 100), applyOnline, false},
 		{"online after the record ended", ended("a", 100), ev(wire.DeviceOnline, "b", 300), applyOnline, true},
+		{"connecting, no record", nil, ev(wire.DeviceConnecting, "a", 100), applyConnecting, false},
+		{"connecting, newer session", live("a", 100), ev(wire.DeviceConnecting, "b", 200), applyConnecting, true},
+		{"connecting, session already listed", live("a", 100), ev(wire.DeviceConnecting, "a", 100), applyConnecting, false},
+		{"connecting, older session", live("b", 200), ev(wire.DeviceConnecting, "a", 100), applyConnecting, false},
+		{"connecting, ended session", ended("a", 100), ev(wire.DeviceConnecting, "a", 100), applyConnecting, false},
 		{"tools, same session", live("a", 100), ev(wire.DeviceTools, "a", 150), applyTools, true},
 		{"tools, other session", live("b", 200), ev(wire.DeviceTools, "a", 250), applyTools, false},
 		{"tools, no record", nil, ev(wire.DeviceTools, "a", 150), applyTools, false},
@@ -92,11 +98,17 @@ func TestResyncKeepsCatalogAndName(t *testing.T) {
 	if !ok || string(rec.Tools) != `[{"name":"x"}]` || rec.DisplayName != "b-d4e5f6" || rec.ModelIdentifier != "b" {
 		t.Errorf("re-announced session lost facts: %+v", rec)
 	}
+	// A new session that could not list its tools keeps the last catalog,
+	// stale; one without MCP has none.
 	other := ev(wire.DeviceOnline, "b", 200)
 	other.Tools = nil
 	rec, _ = applyOnline(&first, other)
-	if len(rec.Tools) != 0 {
-		t.Errorf("a new session kept the old catalog: %s", rec.Tools)
+	if string(rec.Tools) != `[{"name":"x"}]` || !rec.ToolsStale || rec.ToolsVersion != first.ToolsVersion {
+		t.Errorf("a new session without a catalog: tools %s stale %v version %d", rec.Tools, rec.ToolsStale, rec.ToolsVersion)
+	}
+	other.MCP = false
+	if rec, _ = applyOnline(&first, other); len(rec.Tools) != 0 || rec.ToolsStale {
+		t.Errorf("a session without MCP kept the catalog: %s", rec.Tools)
 	}
 	plain := ev(wire.DeviceOnline, "c", 300)
 	plain.MCP = false
@@ -210,5 +222,167 @@ func TestMarkUnreachableOnlyForTheSameSession(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("no node.disconnected")
+	}
+}
+
+// A reconnecting node is connected at once with its last catalog marked
+// stale, then fresh when its session lists the tools; every catalog change
+// counts one more version and reaches operators as node.tools.changed (and
+// mcp.tools.changed) with what changed.
+func TestCatalogVersionAcrossReconnect(t *testing.T) {
+	r, nc := openRegistry(t, Options{})
+	ctx := context.Background()
+	events := make(chan *nats.Msg, 32)
+	sub, err := nc.ChanSubscribe(wire.NodeEvent("t"), events)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	const node = "xz-a1b2c3d4e5f6"
+	apply := func(e *wire.DeviceEvent, want Outcome) wire.NodeRecord {
+		t.Helper()
+		out, err := r.ApplyEvent(ctx, Pending{Event: e})
+		if err != nil || out != want {
+			t.Fatalf("%s %s: %v %v, want %v", e.Kind, e.SessionID, out, err, want)
+		}
+		n, ok, err := r.Fetch(ctx, "t", node)
+		if err != nil || !ok {
+			t.Fatalf("fetch: %v %v", ok, err)
+		}
+		return n.Record
+	}
+	next := func(name string) wire.NodeEventMsg {
+		t.Helper()
+		for {
+			select {
+			case m := <-events:
+				var e wire.NodeEventMsg
+				if err := json.Unmarshal(m.Data, &e); err != nil {
+					t.Fatal(err)
+				}
+				if e.Event == name {
+					return e
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatalf("no %s event", name)
+			}
+		}
+	}
+	type change struct {
+		Tools, Added, Removed, Changed []string
+		Version                        uint64
+	}
+	toolsChanged := func() change {
+		t.Helper()
+		var c change
+		if err := json.Unmarshal(next(wire.EventNodeToolsChanged).Payload, &c); err != nil {
+			t.Fatal(err)
+		}
+		var old change
+		if err := json.Unmarshal(next(wire.EventToolsChanged).Payload, &old); err != nil || old.Version != c.Version {
+			t.Fatalf("mcp.tools.changed disagrees: %+v %v", old, err)
+		}
+		return c
+	}
+
+	rec := apply(ev(wire.DeviceOnline, "a", 100), Applied)
+	if rec.ToolsVersion != 1 || rec.ToolsStale {
+		t.Fatalf("first session: version %d stale %v", rec.ToolsVersion, rec.ToolsStale)
+	}
+	next(wire.EventNodeConnected)
+	apply(ev(wire.DeviceOffline, "a", 150), Applied)
+
+	// The next session is announced before its catalog is listed.
+	connecting := ev(wire.DeviceConnecting, "b", 200)
+	connecting.Tools, connecting.ServerInfo = nil, nil
+	rec = apply(connecting, Applied)
+	if !rec.Connected || rec.SessionID != "b" || !rec.ToolsStale || string(rec.Tools) != `[{"name":"x"}]` || rec.ToolsVersion != 1 || rec.ModelIdentifier != "b" {
+		t.Fatalf("connecting record: %+v", rec)
+	}
+	var conn struct {
+		ToolsStale   bool   `json:"toolsStale"`
+		ToolsVersion uint64 `json:"toolsVersion"`
+	}
+	if err := json.Unmarshal(next(wire.EventNodeConnected).Payload, &conn); err != nil || !conn.ToolsStale || conn.ToolsVersion != 1 {
+		t.Fatalf("node.connected while listing: %+v %v", conn, err)
+	}
+
+	// Its online event brings the listed catalog.
+	online := ev(wire.DeviceOnline, "b", 200)
+	online.Tools = json.RawMessage(`[{"name":"x"},{"name":"y"}]`)
+	rec = apply(online, Applied)
+	if rec.ToolsStale || rec.ToolsVersion != 2 || !rec.Connected {
+		t.Fatalf("listed record: %+v", rec)
+	}
+	if c := toolsChanged(); c.Version != 2 || len(c.Added) != 1 || c.Added[0] != "y" || len(c.Removed) != 0 || len(c.Tools) != 2 {
+		t.Fatalf("change on listing: %+v", c)
+	}
+	// A replayed connecting event of the listed session changes nothing,
+	// nor does one of an older session.
+	apply(connecting, Stale)
+	old := ev(wire.DeviceConnecting, "a", 100)
+	apply(old, Stale)
+
+	// A re-list while connected.
+	relist := ev(wire.DeviceTools, "b", 300)
+	relist.Tools = json.RawMessage(`[{"name":"y","description":"new"}]`)
+	rec = apply(relist, Applied)
+	if rec.ToolsVersion != 3 || rec.ToolsStale {
+		t.Fatalf("after re-list: %+v", rec)
+	}
+	if c := toolsChanged(); c.Version != 3 || len(c.Removed) != 1 || c.Removed[0] != "x" || len(c.Changed) != 1 || c.Changed[0] != "y" {
+		t.Fatalf("change on re-list: %+v", c)
+	}
+	// The same catalog again is no change.
+	relist.AtMs = 400
+	if rec = apply(relist, Applied); rec.ToolsVersion != 3 {
+		t.Fatalf("an unchanged catalog counted a version: %d", rec.ToolsVersion)
+	}
+}
+
+// Tools a node gains after its first catalog await approval; tools that
+// leave the catalog leave the list; a new node's first catalog is approved.
+func TestPendingToolsFollowWidening(t *testing.T) {
+	at := int64(100)
+	step := func(old *wire.NodeRecord, tools string) wire.NodeRecord {
+		t.Helper()
+		at += 100
+		var rec wire.NodeRecord
+		var ok bool
+		if old == nil {
+			e := ev(wire.DeviceOnline, "a", at)
+			e.Tools = json.RawMessage(tools)
+			rec, ok = applyOnline(nil, e)
+		} else {
+			e := ev(wire.DeviceTools, "a", at)
+			e.Tools = json.RawMessage(tools)
+			rec, ok = applyTools(old, e)
+		}
+		if !ok {
+			t.Fatal("event did not apply")
+		}
+		return rec
+	}
+	rec := step(nil, `[{"name":"a"},{"name":"b"}]`)
+	if len(rec.PendingTools) != 0 {
+		t.Fatalf("first catalog pending: %v", rec.PendingTools)
+	}
+	rec = step(&rec, `[{"name":"a"},{"name":"b"},{"name":"d"},{"name":"c"}]`)
+	if !slices.Equal(rec.PendingTools, []string{"c", "d"}) {
+		t.Fatalf("after widening: %v", rec.PendingTools)
+	}
+	rec = step(&rec, `[{"name":"a"},{"name":"d"},{"name":"e"}]`)
+	if !slices.Equal(rec.PendingTools, []string{"d", "e"}) {
+		t.Fatalf("after c left and e came: %v", rec.PendingTools)
+	}
+	// A reconnect keeps what awaits approval.
+	e := ev(wire.DeviceConnecting, "b", at+100)
+	e.Tools = nil
+	conn, _ := applyConnecting(&rec, e)
+	online := ev(wire.DeviceOnline, "b", at+100)
+	online.Tools = rec.Tools
+	fresh, _ := applyOnline(&conn, online)
+	if !slices.Equal(conn.PendingTools, []string{"d", "e"}) || !slices.Equal(fresh.PendingTools, []string{"d", "e"}) {
+		t.Fatalf("across a reconnect: %v %v", conn.PendingTools, fresh.PendingTools)
 	}
 }

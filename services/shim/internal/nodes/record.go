@@ -14,6 +14,8 @@ package nodes
 import (
 	"bytes"
 	"encoding/json"
+	"maps"
+	"slices"
 	"strings"
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
@@ -126,16 +128,88 @@ func applyOnline(old *wire.NodeRecord, ev *wire.DeviceEvent) (wire.NodeRecord, b
 		if old.LastSeenMs > r.LastSeenMs {
 			r.LastSeenMs = old.LastSeenMs
 		}
-		// A re-announced session (hub resync) may come without the catalog
-		// the record already holds for it.
-		if len(r.Tools) == 0 && old.SessionID == ev.SessionID {
+		// An MCP session announced without a catalog (a hub resync, or a
+		// device that did not list its tools) keeps the one on record: the
+		// session's own if it listed it, else an earlier session's, stale.
+		if len(r.Tools) == 0 && ev.MCP {
 			r.Tools = old.Tools
+			r.ToolsStale = old.SessionID != ev.SessionID || old.ToolsStale
 		}
 		if r.ModelIdentifier == "" && old.SessionID == ev.SessionID {
 			r.ModelIdentifier, r.Version, r.DisplayName = old.ModelIdentifier, old.Version, old.DisplayName
 		}
 	}
+	countToolsChange(old, &r)
 	return r, true
+}
+
+// applyConnecting returns the record after a connecting event: the node is
+// connected under the new session at once, with the catalog (and board
+// facts) it had, marked stale until the session's online event brings the
+// listed catalog. It does not apply to an older session, nor to a session
+// that has listed its tools already or has ended, nor to a node without a
+// catalog on record: a node seen for the first time is listed once its
+// tools are, so that a client that waits for it to connect can call them.
+func applyConnecting(old *wire.NodeRecord, ev *wire.DeviceEvent) (wire.NodeRecord, bool) {
+	if old == nil || len(old.Tools) == 0 && old.ToolsVersion == 0 {
+		return wire.NodeRecord{}, false
+	}
+	if old.SessionID == ev.SessionID && (!old.ToolsStale || !old.Connected) {
+		return wire.NodeRecord{}, false
+	}
+	r, ok := applyOnline(old, ev)
+	if !ok {
+		return r, false
+	}
+	r.ToolsStale = true
+	r.Tools, r.ToolsVersion, r.PendingTools = old.Tools, old.ToolsVersion, old.PendingTools
+	if len(ev.ServerInfo) == 0 && old.ModelIdentifier != "" {
+		r.ModelIdentifier, r.Version, r.DisplayName = old.ModelIdentifier, old.Version, old.DisplayName
+	}
+	return r, true
+}
+
+// countToolsChange carries the catalog version and the tools awaiting
+// approval over from the old record; if the catalog changed it counts one
+// more version and, unless this is the node's first catalog, adds the new
+// tool names to those awaiting approval. Tools that left the catalog leave
+// the pending list.
+func countToolsChange(old *wire.NodeRecord, r *wire.NodeRecord) {
+	if old == nil {
+		if len(r.Tools) > 0 {
+			r.ToolsVersion = 1
+		}
+		r.PendingTools = nil
+		return
+	}
+	r.ToolsVersion, r.PendingTools = old.ToolsVersion, old.PendingTools
+	if toolsEqual(old.Tools, r.Tools) {
+		return
+	}
+	r.ToolsVersion++
+	added, removed, _ := toolsDiff(old.Tools, r.Tools)
+	if old.ToolsVersion == 0 {
+		return // the first catalog is the node's approved surface
+	}
+	r.PendingTools = widen(old.PendingTools, added, removed)
+}
+
+// widen returns pending plus added minus removed, sorted, without duplicates.
+func widen(pending, added, removed []string) []string {
+	set := make(map[string]bool, len(pending)+len(added))
+	for _, n := range pending {
+		set[n] = true
+	}
+	for _, n := range added {
+		set[n] = true
+	}
+	for _, n := range removed {
+		delete(set, n)
+	}
+	if len(set) == 0 {
+		return nil
+	}
+	return slices.Sorted(maps.Keys(set))
 }
 
 // applyTools returns the record after a tools event; it applies only to the
@@ -146,6 +220,8 @@ func applyTools(old *wire.NodeRecord, ev *wire.DeviceEvent) (wire.NodeRecord, bo
 	}
 	r := *old
 	r.Tools = ev.Tools
+	r.ToolsStale = false
+	countToolsChange(old, &r)
 	if ev.AtMs > r.LastSeenMs {
 		r.LastSeenMs = ev.AtMs
 	}

@@ -308,6 +308,8 @@ func (r *Registry) ApplyEvent(ctx context.Context, p Pending) (Outcome, error) {
 		switch ev.Kind {
 		case wire.DeviceOnline:
 			rec, ok = applyOnline(old, ev)
+		case wire.DeviceConnecting:
+			rec, ok = applyConnecting(old, ev)
 		case wire.DeviceTools:
 			rec, ok = applyTools(old, ev)
 		case wire.DeviceOffline:
@@ -316,7 +318,7 @@ func (r *Registry) ApplyEvent(ctx context.Context, p Pending) (Outcome, error) {
 		if ok {
 			return rec, Applied
 		}
-		parkable = ev.Kind != wire.DeviceOnline && (old == nil || old.SessionID != ev.SessionID)
+		parkable = ev.Kind != wire.DeviceOnline && ev.Kind != wire.DeviceConnecting && (old == nil || old.SessionID != ev.SessionID)
 		return rec, Stale
 	})
 	if err != nil {
@@ -337,16 +339,12 @@ func (r *Registry) ApplyEvent(ctx context.Context, p Pending) (Outcome, error) {
 func (r *Registry) publishChange(old, rec *wire.NodeRecord, ev *wire.DeviceEvent) {
 	now := time.Now().UnixMilli()
 	switch ev.Kind {
-	case wire.DeviceOnline:
-		if old == nil || !old.Connected || old.SessionID != rec.SessionID {
+	case wire.DeviceOnline, wire.DeviceConnecting, wire.DeviceTools:
+		if ev.Kind != wire.DeviceTools && (old == nil || !old.Connected || old.SessionID != rec.SessionID) {
 			r.Publish(rec.Tenant, wire.NodeEventMsg{NodeID: rec.NodeID, Event: wire.EventNodeConnected, Payload: connectedPayload(rec), TsMs: now})
 		}
-		if old != nil && !toolsEqual(old.Tools, rec.Tools) {
-			r.Publish(rec.Tenant, wire.NodeEventMsg{NodeID: rec.NodeID, Event: wire.EventToolsChanged, Payload: r.toolsChangedPayload(old.Tools, rec.Tools), TsMs: now})
-		}
-	case wire.DeviceTools:
-		if !toolsEqual(old.Tools, rec.Tools) {
-			r.Publish(rec.Tenant, wire.NodeEventMsg{NodeID: rec.NodeID, Event: wire.EventToolsChanged, Payload: r.toolsChangedPayload(old.Tools, rec.Tools), TsMs: now})
+		if old != nil && rec.ToolsVersion != old.ToolsVersion {
+			r.publishToolsChanged(old, rec, now)
 		}
 	case wire.DeviceOffline:
 		r.Publish(rec.Tenant, wire.NodeEventMsg{NodeID: rec.NodeID, Event: wire.EventNodeDisconnected, Payload: disconnectedPayload(ev.Reason, ev.AtMs), TsMs: now})
@@ -409,7 +407,9 @@ func connectedPayload(rec *wire.NodeRecord) json.RawMessage {
 		Transport     string `json:"transport,omitempty"`
 		RemoteIP      string `json:"remoteIp,omitempty"`
 		ConnectedAtMs int64  `json:"connectedAtMs"`
-	}{rec.DisplayName, rec.Platform, rec.Transport, rec.RemoteIP, rec.ConnectedAtMs})
+		ToolsVersion  uint64 `json:"toolsVersion,omitempty"`
+		ToolsStale    bool   `json:"toolsStale,omitempty"`
+	}{rec.DisplayName, rec.Platform, rec.Transport, rec.RemoteIP, rec.ConnectedAtMs, rec.ToolsVersion, rec.ToolsStale})
 	return b
 }
 

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"sort"
+
+	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
 )
 
 // toolsDiff names the tools a catalog change added, removed and changed
@@ -48,19 +50,33 @@ func toolsByName(tools json.RawMessage) map[string]json.RawMessage {
 	return m
 }
 
-// toolsChangedPayload is the node.tools.changed payload: the current tool
-// names and what the change added, removed and changed.
-func (r *Registry) toolsChangedPayload(old, cur json.RawMessage) json.RawMessage {
+// publishToolsChanged announces a catalog change twice, with one payload:
+// as node.tools.changed and, for clients written against it, as
+// mcp.tools.changed.
+func (r *Registry) publishToolsChanged(old, rec *wire.NodeRecord, nowMs int64) {
+	p := r.toolsChangedPayload(old.Tools, rec.Tools, rec.ToolsVersion, rec.PendingTools)
+	for _, name := range [...]string{wire.EventNodeToolsChanged, wire.EventToolsChanged} {
+		r.Publish(rec.Tenant, wire.NodeEventMsg{NodeID: rec.NodeID, Event: name, Payload: p, TsMs: nowMs})
+	}
+}
+
+// toolsChangedPayload is the payload of a catalog change: the current tool
+// names, what the change added, removed and changed, and the catalog's new
+// version, and the tools awaiting approval.
+func (r *Registry) toolsChangedPayload(old, cur json.RawMessage, version uint64, pending []string) json.RawMessage {
 	var p struct {
 		Tools   []string `json:"tools"`
 		Added   []string `json:"added"`
 		Removed []string `json:"removed"`
 		Changed []string `json:"changed"`
+		Version uint64   `json:"version"`
+		Pending []string `json:"pending,omitempty"`
 	}
 	if err := json.Unmarshal(r.toolsPayload(cur), &p); err != nil {
 		return r.toolsPayload(cur)
 	}
 	p.Added, p.Removed, p.Changed = toolsDiff(old, cur)
+	p.Version, p.Pending = version, pending
 	for _, s := range []*[]string{&p.Added, &p.Removed, &p.Changed} {
 		if *s == nil {
 			*s = []string{}

@@ -1,0 +1,1 @@
+ALTER TABLE tenants DROP COLUMN require_tool_approval;
