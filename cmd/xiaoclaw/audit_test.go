@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"log/slog"
 	"regexp"
 	"slices"
@@ -61,22 +62,34 @@ func TestAuditTrail(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer op.Close()
-	call := func(args string) error {
+	// call returns the trace id the reply names: in the payload of a
+	// result, in the details of an error.
+	call := func(args string) (traceID string, err error) {
 		deadline := time.Now().Add(10 * time.Second)
 		for {
-			_, err := op.Invoke(ctx, occlient.InvokeParams{NodeID: node, Command: "mcp.tools.call",
+			res, err := op.Invoke(ctx, occlient.InvokeParams{NodeID: node, Command: "mcp.tools.call",
 				Params: json.RawMessage(`{"name":"self.audio_speaker.set_volume","arguments":` + args + `}`)})
 			registering := err != nil && (strings.Contains(err.Error(), "not connected") || strings.Contains(err.Error(), "unknown nodeId"))
 			if !registering || time.Now().After(deadline) {
-				return err
+				var named struct {
+					TraceID string `json:"traceId"`
+				}
+				var oe *occlient.Error
+				if errors.As(err, &oe) {
+					res = oe.Details
+				}
+				_ = json.Unmarshal(res, &named)
+				return named.TraceID, err
 			}
 			time.Sleep(20 * time.Millisecond) // the shim is still registering the device
 		}
 	}
-	if err := call(`{"volume":30}`); err != nil {
+	allowedTrace, err := call(`{"volume":30}`)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if err := call(`{"volume":90}`); err == nil {
+	deniedTrace, err := call(`{"volume":90}`)
+	if err == nil {
 		t.Fatal("volume 90 must be denied")
 	}
 
@@ -120,8 +133,11 @@ func TestAuditTrail(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond) // the writer batches every 50 ms
 	}
-	if !slices.ContainsFunc(rows, func(r row) bool { return r.Outcome == "ok" && r.Decision == "allow" }) {
-		t.Fatalf("no allowed row: %+v", rows)
+	if !slices.ContainsFunc(rows, func(r row) bool { return r.Outcome == "ok" && r.Decision == "allow" && r.TraceID == allowedTrace }) {
+		t.Fatalf("no allowed row with the reply's trace id %q: %+v", allowedTrace, rows)
+	}
+	if !slices.ContainsFunc(rows, func(r row) bool { return r.Outcome == "denied" && r.TraceID == deniedTrace }) {
+		t.Fatalf("no denied row with the reply's trace id %q: %+v", deniedTrace, rows)
 	}
 	seen := map[string]bool{}
 	for _, r := range rows {

@@ -87,6 +87,16 @@ func (s *Service) invoke(o *invokeOrigin, params json.RawMessage) {
 	call.ctx, call.span = telemetry.StartOperatorRequest(o.ctx, s.tracer, protocol.MethodNodeInvoke, o.traceparent,
 		telemetry.CallInfo{Tenant: o.principal.Tenant, Principal: o.principal.ID})
 	call.audit.TraceID, call.audit.SpanID = telemetry.TraceIDs(call.ctx)
+	if answer, traceID := o.answer, call.audit.TraceID; traceID != "" {
+		// The reply names the call's trace, as its audit row and log lines
+		// do: in the payload (invokeOKPayload) or in the error's details.
+		o.answer = func(result []byte, e *protocol.Error) {
+			if e != nil {
+				e = e.WithTraceID(traceID)
+			}
+			answer(result, e)
+		}
+	}
 	inv, perr := protocol.ParseNodeInvoke(params)
 	if perr != nil {
 		call.reject(perr, OutcomeRejected)
@@ -305,7 +315,7 @@ func (call *invokeCall) run() {
 	var result []byte
 	code := ""
 	if perr == nil {
-		result = invokeOKPayload(call.inv.NodeID, call.inv.Command, payload)
+		result = invokeOKPayload(call.inv.NodeID, call.inv.Command, call.audit.TraceID, payload)
 		o.answer(result, nil)
 	} else {
 		result = protocol.AppendError(nil, perr)
@@ -429,13 +439,18 @@ func errorCode(e *protocol.Error) string {
 }
 
 // invokeOKPayload is node.invoke's success payload, as OpenClaw sends it:
-// the result parsed (payload) and as a JSON string (payloadJSON).
-func invokeOKPayload(nodeID, command string, payload []byte) []byte {
-	b := make([]byte, 0, 64+len(nodeID)+len(command)+2*len(payload))
+// the result parsed (payload) and as a JSON string (payloadJSON); xiaoclaw
+// adds the call's traceId ("" omits it).
+func invokeOKPayload(nodeID, command, traceID string, payload []byte) []byte {
+	b := make([]byte, 0, 96+len(nodeID)+len(command)+2*len(payload))
 	b = append(b, `{"ok":true,"nodeId":`...)
 	b = protocol.AppendString(b, nodeID)
 	b = append(b, `,"command":`...)
 	b = protocol.AppendString(b, command)
+	if traceID != "" {
+		b = append(b, `,"traceId":`...)
+		b = protocol.AppendString(b, traceID)
+	}
 	if len(payload) > 0 {
 		b = append(b, `,"payload":`...)
 		b = append(b, payload...)

@@ -1,6 +1,7 @@
 package protocol
 
 import (
+	"bytes"
 	"encoding/json"
 	"strconv"
 	"strings"
@@ -27,6 +28,29 @@ type Error struct {
 }
 
 func (e *Error) Error() string { return e.Code + ": " + e.Message }
+
+// WithTraceID returns a copy of e whose details carry traceId (OpenClaw's
+// ErrorShape is a closed object; its details are free). Details that
+// already name a trace, or are not a JSON object, are kept as they are.
+func (e *Error) WithTraceID(traceID string) *Error {
+	d := bytes.TrimSpace(e.Details)
+	switch {
+	case len(d) == 0:
+		d = []byte(`{}`)
+	case d[0] != '{' || bytes.Contains(d, []byte(`"traceId"`)):
+		return e
+	}
+	out := *e
+	b := make([]byte, 0, len(d)+len(traceID)+16)
+	b = append(b, `{"traceId":`...)
+	b = AppendString(b, traceID)
+	rest := bytes.TrimSpace(d[1:])
+	if len(rest) > 0 && rest[0] != '}' {
+		b = append(b, ',')
+	}
+	out.Details = append(b, rest...)
+	return &out
+}
 
 // DetailCode returns details.code, or "".
 func (e *Error) DetailCode() string {

@@ -379,3 +379,27 @@ func FuzzAppendString(f *testing.F) {
 		}
 	})
 }
+
+func TestErrorWithTraceID(t *testing.T) {
+	const id = "4bf92f3577b34da6a3ce929d0e0e4736"
+	for _, c := range []struct{ details, want string }{
+		{"", `{"traceId":"` + id + `"}`},
+		{`{}`, `{"traceId":"` + id + `"}`},
+		{` { } `, `{"traceId":"` + id + `"}`},
+		{`{"code":"NOT_CONNECTED"}`, `{"traceId":"` + id + `","code":"NOT_CONNECTED"}`},
+		{`{"traceId":"other"}`, `{"traceId":"other"}`}, // a replayed error keeps its call's trace
+		{`"text"`, `"text"`},                           // not an object: left alone
+	} {
+		e := &Error{Code: "UNAVAILABLE", Message: "m", Details: json.RawMessage(c.details)}
+		got := e.WithTraceID(id)
+		if string(got.Details) != c.want {
+			t.Errorf("details %q: got %s, want %s", c.details, got.Details, c.want)
+		}
+		if !json.Valid(AppendError(nil, got)) {
+			t.Errorf("details %q: invalid error %s", c.details, AppendError(nil, got))
+		}
+		if string(e.Details) != c.details {
+			t.Errorf("details %q: the original changed to %s", c.details, e.Details)
+		}
+	}
+}
