@@ -52,17 +52,16 @@ func goroutineID() string {
 
 func TestWorkersAreReused(t *testing.T) {
 	p := gopool.New(time.Minute)
-	ids := make(chan string)
-	seen := map[string]bool{}
-	const tasks = 200
-	for range tasks {
-		p.Go(func() { ids <- goroutineID() })
-		seen[<-ids] = true
-	}
-	// One task at a time: a worker is idle again a moment after its task,
-	// so a handful of workers serve them all (one each would mean no reuse).
-	if len(seen) > tasks/4 {
-		t.Fatalf("%d tasks ran on %d goroutines", tasks, len(seen))
+	ids := make(chan string, 1)
+	p.Go(func() { ids <- goroutineID() })
+	worker := <-ids
+	// One task at a time: each waits for the worker to be idle again (Go
+	// would start a new goroutine while it is not), and runs on it.
+	for i := range 50 {
+		waitFor(t, "an idle worker", func() bool { return p.TryGo(func() { ids <- goroutineID() }) })
+		if id := <-ids; id != worker {
+			t.Fatalf("task %d ran on goroutine %s, not on the idle worker %s", i, id, worker)
+		}
 	}
 }
 

@@ -37,6 +37,11 @@ func startWatcher(t *testing.T, w *tenancy.Watcher) {
 }
 
 // eventually polls cond until it holds or the deadline passes.
+// settleWithin bounds how long a change may take to reach a replica in
+// these tests: generous, since a loaded machine (CI) stretches it; the
+// tests log how long it took.
+const settleWithin = 10 * time.Second
+
 func eventually(t *testing.T, within time.Duration, what string, cond func() bool) time.Duration {
 	t.Helper()
 	start := time.Now()
@@ -110,12 +115,12 @@ func TestRevocationReachesAnotherReplica(t *testing.T) {
 	if _, err := mgr.RevokeToken(ctx, "acme", p.ID); err != nil {
 		t.Fatal(err)
 	}
-	took := eventually(t, time.Second, "revocation on replica B", func() bool {
+	took := eventually(t, settleWithin, "revocation on replica B", func() bool {
 		_, err := opsB.AuthenticateOperator(ctx, secret)
 		return errors.Is(err, access.ErrUnauthenticated)
 	})
 	t.Logf("revocation reached replica B in %s", took)
-	eventually(t, time.Second, "re-check hook", func() bool {
+	eventually(t, settleWithin, "re-check hook", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return len(rechecks) > 0 && errors.Is(rechecks[len(rechecks)-1], access.ErrUnauthenticated)
@@ -124,7 +129,7 @@ func TestRevocationReachesAnotherReplica(t *testing.T) {
 	if _, err := mgr.SuspendTenant(ctx, "beta"); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, time.Second, "suspension on replica B", func() bool {
+	eventually(t, settleWithin, "suspension on replica B", func() bool {
 		_, err := opsB.AuthenticateOperator(ctx, betaSecret)
 		return errors.Is(err, access.ErrUnauthenticated)
 	})
@@ -158,7 +163,7 @@ func TestResyncCatchesMissedNotifications(t *testing.T) {
 	if _, err := silent.RevokeToken(ctx, "acme", rec.ID); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 2*time.Second, "resync", func() bool {
+	eventually(t, settleWithin, "resync", func() bool {
 		_, err := ops.AuthenticateOperator(ctx, secret)
 		return errors.Is(err, access.ErrUnauthenticated)
 	})

@@ -107,11 +107,14 @@ func TestMCPEndToEnd(t *testing.T) {
 		"traceparent":   "00-" + traceID + "-00f067aa0ba902b7-01",
 	}, &mcp.ClientOptions{ToolListChangedHandler: func(context.Context, *mcp.ToolListChangedRequest) { changed.Add(1) }})
 
-	tools := mcpTools(t, cs)
+	// The device is registered through the shim and the registry watch:
+	// its tools are listed once that is done.
+	var tools map[string]*mcp.Tool
+	waitFor(t, func() bool {
+		tools = mcpTools(t, cs)
+		return toolOf(tools, node, "self.audio_speaker.set_volume") != "" && toolOf(tools, node, "self.get_device_status") != ""
+	})
 	setVolume := toolOf(tools, node, "self.audio_speaker.set_volume")
-	if setVolume == "" || toolOf(tools, node, "self.get_device_status") == "" {
-		t.Fatalf("the device's tools are not listed: %v", tools)
-	}
 	if toolOf(tools, node, "self.reboot") != "" {
 		t.Error("self.reboot is listed though the policy denies it")
 	}
