@@ -1,4 +1,4 @@
-package telemetry_test
+package natsconn_test
 
 import (
 	"bytes"
@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/xiaoclaw/xiaoclaw/pkg/natsconn"
 	"github.com/xiaoclaw/xiaoclaw/pkg/natsembed"
 	"github.com/xiaoclaw/xiaoclaw/pkg/telemetry"
 )
@@ -43,7 +44,7 @@ func TestNATSErrorHandlerCountsSlowConsumer(t *testing.T) {
 	t.Cleanup(ns.Shutdown)
 	reg := prometheus.NewRegistry()
 	var logs syncBuffer
-	onErr, err := telemetry.NATSErrorHandler(reg, telemetry.LabelShim, slog.New(slog.NewTextHandler(&logs, nil)))
+	onErr, err := natsconn.ErrorHandler(reg, telemetry.LabelShim, slog.New(slog.NewTextHandler(&logs, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,12 +99,12 @@ func slowConsumers(t *testing.T, reg *prometheus.Registry) float64 {
 		t.Fatal(err)
 	}
 	for _, mf := range mfs {
-		if mf.GetName() != telemetry.MetricNATSAsyncErrors {
+		if mf.GetName() != natsconn.MetricAsyncErrors {
 			continue
 		}
 		for _, m := range mf.GetMetric() {
 			for _, l := range m.GetLabel() {
-				if l.GetName() == "kind" && l.GetValue() == telemetry.NATSErrSlowConsumer {
+				if l.GetName() == "kind" && l.GetValue() == natsconn.KindSlowConsumer {
 					return m.GetCounter().GetValue()
 				}
 			}
