@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel"
 
 	"github.com/xiaoclaw/xiaoclaw/cmd/xiaoclaw/internal/devstack"
+	"github.com/xiaoclaw/xiaoclaw/pkg/ops"
 	"github.com/xiaoclaw/xiaoclaw/pkg/telemetry"
 )
 
@@ -62,13 +63,13 @@ func (t *devTelemetry) stackConfig(c *devstack.Config) {
 // database and every replica's NATS connection and start, metrics include
 // each service's NATS gauge.
 func (t *devTelemetry) serve(st *devstack.Stack, level *slog.LevelVar) error {
-	checks := []telemetry.Check{st.DB.Check()}
+	checks := []ops.Check{st.DB.Check()}
 	labelled := map[string]bool{}
 	for _, c := range st.Components {
-		nats := telemetry.NATSCheck(c.NATS())
+		nats := ops.NATSCheck(c.NATS())
 		checks = append(checks,
-			telemetry.Check{Name: "nats " + c.Name, Run: nats.Run},
-			telemetry.ChannelCheck(c.Name, c.Ready()))
+			ops.Check{Name: "nats " + c.Name, Run: nats.Run},
+			ops.ChannelCheck(c.Name, c.Ready()))
 		label := serviceLabel(c.Name)
 		if label != "" && !labelled[label] {
 			if err := telemetry.RegisterNATSConnected(t.reg, label, c.NATS()); err != nil {
@@ -77,7 +78,7 @@ func (t *devTelemetry) serve(st *devstack.Stack, level *slog.LevelVar) error {
 			labelled[label] = true
 		}
 	}
-	ops, err := telemetry.NewOpsServer(telemetry.OpsConfig{Gatherer: t.reg, LogLevel: level, Checks: checks}, t.log)
+	ops, err := ops.NewServer(ops.Config{Gatherer: t.reg, LogLevel: level, Checks: checks}, t.log)
 	if err != nil {
 		return err
 	}

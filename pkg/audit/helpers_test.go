@@ -134,18 +134,6 @@ func embeddedNATS(t testing.TB) func() *nats.Conn {
 	}
 }
 
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // throwawayPostgres is a PostgreSQL cluster of the test's own, under /tmp,
 // that the test may stop and start.
 type throwawayPostgres struct {

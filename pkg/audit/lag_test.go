@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/audit"
+	"github.com/xiaoclaw/xiaoclaw/pkg/eventually"
 	"github.com/xiaoclaw/xiaoclaw/pkg/telemetry"
 	"github.com/xiaoclaw/xiaoclaw/pkg/telemetry/telemetrytest"
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
@@ -51,7 +52,7 @@ func TestLagMonitorFollowsTheBacklog(t *testing.T) {
 	}
 	waitGauges := func(what string, cond func(backlog, lag float64) bool) {
 		t.Helper()
-		waitFor(t, 20*time.Second, what, func() bool { return cond(gauges()) })
+		eventually.Within(t, 20*time.Second, what, func() bool { return cond(gauges()) })
 	}
 
 	const n = 25
@@ -71,7 +72,7 @@ func TestLagMonitorFollowsTheBacklog(t *testing.T) {
 	if err := js.DeleteConsumer(ctx, wire.StreamAudit, wire.ConsumerAuditWriter); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 20*time.Second, "the monitor to say it cannot read the backlog", func() bool {
+	eventually.Within(t, 20*time.Second, "the monitor to say it cannot read the backlog", func() bool {
 		return strings.Contains(logs.String(), "cannot read the backlog")
 	})
 	if b, l := gauges(); b != n || l <= 0 {
@@ -86,7 +87,7 @@ func TestLagMonitorFollowsTheBacklog(t *testing.T) {
 		t.Fatal(err)
 	}
 	runWriter(t, w2)
-	waitFor(t, 20*time.Second, "a failed write", func() bool { return store.failures.Load() > 0 })
+	eventually.Within(t, 20*time.Second, "a failed write", func() bool { return store.failures.Load() > 0 })
 	// The lag grows with every sample: a larger one was sampled after the
 	// writer had fetched the events.
 	_, lagThen := gauges()

@@ -8,6 +8,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/audit"
+	"github.com/xiaoclaw/xiaoclaw/pkg/eventually"
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
 )
 
@@ -79,7 +80,7 @@ func TestLaterRidesWithPublish(t *testing.T) {
 		}
 		return got
 	}
-	waitFor(t, 10*time.Second, "call-1's outcome and call-2's attempt", func() bool {
+	eventually.Within(t, 10*time.Second, "call-1's outcome and call-2's attempt", func() bool {
 		got := ids("acme")
 		return got["call-1"] && got[audit.AttemptID("call-2")]
 	})
@@ -93,7 +94,7 @@ func TestLaterRidesWithPublish(t *testing.T) {
 		t.Fatal(err)
 	}
 	p2.Later(audit.Event{ID: "call-3", Kind: audit.KindInvoke, Tenant: "acme", Outcome: "ok"})
-	waitFor(t, 10*time.Second, "a Later event alone", func() bool { return ids("acme")["call-3"] })
+	eventually.Within(t, 10*time.Second, "a Later event alone", func() bool { return ids("acme")["call-3"] })
 	if ids("globex")["other-tenant"] || ids("acme")["call-2"] {
 		t.Fatal("events waiting on the first publisher were sent early")
 	}

@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/audit"
+	"github.com/xiaoclaw/xiaoclaw/pkg/eventually"
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
 )
 
@@ -68,7 +69,7 @@ func TestNoLossNoDuplicates(t *testing.T) {
 	stopA := runWriter(t, wA)
 
 	publish(3000)
-	waitFor(t, 20*time.Second, "the first commits", func() bool { return committed.Load() > 0 })
+	eventually.Within(t, 20*time.Second, "the first commits", func() bool { return committed.Load() > 0 })
 	pg.stop() // in the middle of writing
 	publish(6000)
 	js, _ := jetstream.New(connect())
@@ -76,25 +77,25 @@ func TestNoLossNoDuplicates(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "the writer to hold a batch it cannot write", func() bool {
+	eventually.Within(t, 10*time.Second, "the writer to hold a batch it cannot write", func() bool {
 		info, err := cons.Info(ctx)
 		return err == nil && info.NumAckPending > 0
 	})
 	stalled := committed.Load()
 	pg.start()
-	waitFor(t, 30*time.Second, "writes after the restart", func() bool { return committed.Load() > stalled+500 })
+	eventually.Within(t, 30*time.Second, "writes after the restart", func() bool { return committed.Load() > stalled+500 })
 
 	// Kill writer A right after a commit, before it acknowledges: its
 	// connection is cut inside the store call, so nothing it holds is
 	// acked or handed back.
 	publish(total)
 	crash.arm()
-	waitFor(t, 10*time.Second, "writer A to crash", crash.crashed.Load)
+	eventually.Within(t, 10*time.Second, "writer A to crash", crash.crashed.Load)
 	stopA()
 	wB, _ := audit.NewWriter(connect(), store, cfg, testLog(t))
 	runWriter(t, wB)
 
-	waitFor(t, 60*time.Second, "the stream to drain", func() bool {
+	eventually.Within(t, 60*time.Second, "the stream to drain", func() bool {
 		info, err := cons.Info(ctx)
 		return err == nil && info.NumPending == 0 && info.NumAckPending == 0
 	})

@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/audit"
+	"github.com/xiaoclaw/xiaoclaw/pkg/eventually"
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
 )
 
@@ -100,7 +101,7 @@ func TestPublishToPostgres(t *testing.T) {
 	if err := g.Wait(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 20*time.Second, "500 rows", func() bool { return countRows(t, store, "") >= n })
+	eventually.Within(t, 20*time.Second, "500 rows", func() bool { return countRows(t, store, "") >= n })
 
 	var rule, args string
 	var denials int
@@ -205,7 +206,7 @@ func TestWriterSQLite(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, 10*time.Second, "50 rows", func() bool {
+	eventually.Within(t, 10*time.Second, "50 rows", func() bool {
 		pg, err := store.Query(ctx, audit.Query{Tenant: "acme", Limit: audit.MaxLimit})
 		return err == nil && len(pg.Events) == 50
 	})
@@ -261,7 +262,7 @@ func TestCollector(t *testing.T) {
 	send(wire.SubjectTenancyChanged, wire.TenancyChange{Tenant: "Bad.Tenant", Kind: wire.ChangeRule})
 
 	var kinds []string
-	waitFor(t, 10*time.Second, "3 events", func() bool {
+	eventually.Within(t, 10*time.Second, "3 events", func() bool {
 		p, err := store.Query(ctx, audit.Query{Tenant: "acme"})
 		if err != nil || len(p.Events) < 3 {
 			return false
@@ -284,7 +285,7 @@ func TestCollector(t *testing.T) {
 		Device: "a1b2c3d4e5f6", ClientID: "GID_test@@@a1_b2", RemoteIP: "10.0.0.9", Reason: "unauthenticated", AtMs: time.Now().UnixMilli()})
 	send(wire.SubjectDeviceAuthFailure, []byte("not json"))
 	var fail audit.Event
-	waitFor(t, 10*time.Second, "the auth failure", func() bool {
+	eventually.Within(t, 10*time.Second, "the auth failure", func() bool {
 		p, err := store.Query(ctx, audit.Query{Tenant: audit.TenantUnknown, Kind: audit.KindDeviceAuthFail})
 		if err != nil || len(p.Events) == 0 {
 			return false

@@ -7,20 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/xiaoclaw/xiaoclaw/pkg/eventually"
 	"github.com/xiaoclaw/xiaoclaw/pkg/gopool"
 )
-
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
 
 func TestTasksRunConcurrentlyWithoutBound(t *testing.T) {
 	p := gopool.New(time.Minute)
@@ -74,5 +63,5 @@ func TestIdleWorkersExit(t *testing.T) {
 		p.Go(wg.Done)
 	}
 	wg.Wait()
-	waitFor(t, "idle workers to exit", func() bool { return runtime.NumGoroutine() <= base })
+	eventually.True(t, "idle workers to exit", func() bool { return runtime.NumGoroutine() <= base })
 }

@@ -6,8 +6,9 @@
 // NATS headers and OpenClaw request frames (the SDK's propagator), span
 // helpers shaped after the OpenTelemetry semantic conventions, a log/slog
 // handler that adds trace ids and redacts secrets, the Prometheus metric
-// declarations, and the ops HTTP server (/healthz, /readyz, /metrics,
-// /debug/loglevel).
+// declarations, and StartProcess, which builds a service process's logger,
+// tracer provider and registry. The ops HTTP server is in package ops, the
+// NATS connection of a service in package natsconn.
 //
 // Nothing here installs process-wide state: no global tracer provider or
 // propagator, no default Prometheus registerer. The OpenTelemetry SDK reads

@@ -101,7 +101,7 @@ func (h *handler) WithGroup(name string) slog.Handler {
 }
 
 func (h *handler) Handle(ctx context.Context, r slog.Record) error {
-	nr := slog.NewRecord(r.Time, r.Level, scrubString(r.Message), r.PC)
+	nr := slog.NewRecord(r.Time, r.Level, Scrub(r.Message), r.PC)
 	if sc := trace.SpanContextFromContext(ctx); sc.IsValid() {
 		nr.AddAttrs(slog.String(LogKeyTraceID, sc.TraceID().String()), slog.String(LogKeySpanID, sc.SpanID().String()))
 	}
@@ -200,7 +200,7 @@ func redactAttr(a slog.Attr) slog.Attr {
 	switch v.Kind() {
 	case slog.KindString:
 		s := v.String()
-		if r := scrubString(s); r != s {
+		if r := Scrub(s); r != s {
 			return slog.String(a.Key, r)
 		}
 	case slog.KindGroup:
@@ -214,7 +214,7 @@ func redactAttr(a slog.Attr) slog.Attr {
 		switch x := v.Any().(type) {
 		case error:
 			s := x.Error()
-			if r := scrubString(s); r != s {
+			if r := Scrub(s); r != s {
 				return slog.String(a.Key, r)
 			}
 		case *url.URL:
@@ -225,7 +225,7 @@ func redactAttr(a slog.Attr) slog.Attr {
 			return slog.String(a.Key, x.Redacted())
 		case []byte:
 			s := string(x)
-			if r := scrubString(s); r != s {
+			if r := Scrub(s); r != s {
 				return slog.String(a.Key, r)
 			}
 		}
@@ -236,11 +236,11 @@ func redactAttr(a slog.Attr) slog.Attr {
 	return a
 }
 
-// scrubString removes credentials from free text: the password of a URL
+// Scrub removes credentials from free text: the password of a URL
 // (scheme://user:pass@host), the token after "Bearer ", and the value of a
 // secret-named key in key=value or "key":"value" form. It returns s itself
 // when there is nothing to remove.
-func scrubString(s string) string {
+func Scrub(s string) string {
 	if !strings.ContainsAny(s, "@=:") && !containsFold(s, "bearer ") {
 		return s
 	}
@@ -394,5 +394,5 @@ func redactURL(s string) string {
 	if u, err := url.Parse(s); err == nil {
 		return u.Redacted()
 	}
-	return scrubString(s)
+	return Scrub(s)
 }

@@ -87,7 +87,7 @@ func NewRegistry() *prometheus.Registry {
 // NewDevicesConnected declares xiaoclaw_devices_connected{tenant,transport}:
 // device sessions a devicehub holds now (transport "websocket" or "mqtt").
 func NewDevicesConnected(reg prometheus.Registerer) (*prometheus.GaugeVec, error) {
-	return register(reg, prometheus.NewGaugeVec(prometheus.GaugeOpts{
+	return Register(reg, prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: MetricDevicesConnected,
 		Help: "Device sessions held now, by tenant and transport.",
 	}, []string{LabelTenant, LabelTransport}))
@@ -97,7 +97,7 @@ func NewDevicesConnected(reg prometheus.Registerer) (*prometheus.GaugeVec, error
 // node.invoke calls finished by each service. Use CommandLabel for command
 // and an Outcome* constant (OutcomeOf) for outcome.
 func NewInvokes(reg prometheus.Registerer) (*prometheus.CounterVec, error) {
-	return register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+	return Register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: MetricInvokes,
 		Help: "node.invoke calls finished, by service, command and outcome.",
 	}, []string{LabelService, LabelCommand, LabelOutcome}))
@@ -108,7 +108,7 @@ func NewInvokes(reg prometheus.Registerer) (*prometheus.CounterVec, error) {
 // service refused because a limit was reached; limit is one of
 // wire.LimitTenant, wire.LimitDevice and wire.LimitReplica.
 func NewInvokesRefused(reg prometheus.Registerer) (*prometheus.CounterVec, error) {
-	return register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+	return Register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: MetricInvokesRefused,
 		Help: "node.invoke calls refused because a limit was reached, by service, tenant and limit (tenant, device or replica).",
 	}, []string{LabelService, LabelTenant, LabelLimit}))
@@ -117,7 +117,7 @@ func NewInvokesRefused(reg prometheus.Registerer) (*prometheus.CounterVec, error
 // NewHopDuration declares xiaoclaw_hop_duration_seconds{hop}: the latency
 // of each leg of a call (Hop* constants).
 func NewHopDuration(reg prometheus.Registerer) (*prometheus.HistogramVec, error) {
-	return register(reg, prometheus.NewHistogramVec(prometheus.HistogramOpts{
+	return Register(reg, prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    MetricHopDuration,
 		Help:    "Latency of each leg of a node.invoke, measured where the leg starts.",
 		Buckets: HopBuckets,
@@ -126,7 +126,7 @@ func NewHopDuration(reg prometheus.Registerer) (*prometheus.HistogramVec, error)
 
 // NewPolicyDecisions declares xiaoclaw_policy_decisions_total{effect}.
 func NewPolicyDecisions(reg prometheus.Registerer) (*prometheus.CounterVec, error) {
-	return register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+	return Register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: MetricPolicyDecisions,
 		Help: "Policy decisions of the gateway, by effect (allow or deny).",
 	}, []string{LabelEffect}))
@@ -135,7 +135,7 @@ func NewPolicyDecisions(reg prometheus.Registerer) (*prometheus.CounterVec, erro
 // NewAuditBacklog declares xiaoclaw_audit_backlog: audit events published
 // but not yet written to the database.
 func NewAuditBacklog(reg prometheus.Registerer) (prometheus.Gauge, error) {
-	return register(reg, prometheus.NewGauge(prometheus.GaugeOpts{
+	return Register(reg, prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: MetricAuditBacklog,
 		Help: "Audit events waiting to be written to the database.",
 	}))
@@ -144,7 +144,7 @@ func NewAuditBacklog(reg prometheus.Registerer) (prometheus.Gauge, error) {
 // NewAuditLag declares xiaoclaw_audit_lag_seconds: the age of the oldest
 // audit event not yet written (0 when none waits).
 func NewAuditLag(reg prometheus.Registerer) (prometheus.Gauge, error) {
-	return register(reg, prometheus.NewGauge(prometheus.GaugeOpts{
+	return Register(reg, prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: MetricAuditLag,
 		Help: "Age in seconds of the oldest audit event not yet written to the database.",
 	}))
@@ -153,7 +153,7 @@ func NewAuditLag(reg prometheus.Registerer) (prometheus.Gauge, error) {
 // RegisterNATSConnected declares xiaoclaw_nats_connected{service}: 1 while
 // nc is connected, read at scrape time. service is a Label* service value.
 func RegisterNATSConnected(reg prometheus.Registerer, service string, nc *nats.Conn) error {
-	_, err := register(reg, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+	_, err := Register(reg, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name:        MetricNATSConnected,
 		Help:        "1 while the service's NATS connection is up, else 0.",
 		ConstLabels: prometheus.Labels{LabelService: service},
@@ -165,7 +165,7 @@ func RegisterNATSConnected(reg prometheus.Registerer, service string, nc *nats.C
 // connected() reports the database usable, read at scrape time. connected
 // should return a cached state (e.g. the last health ping), not dial.
 func RegisterDBConnected(reg prometheus.Registerer, service string, connected func() bool) error {
-	_, err := register(reg, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+	_, err := Register(reg, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name:        MetricDBConnected,
 		Help:        "1 while the service's database is reachable, else 0.",
 		ConstLabels: prometheus.Labels{LabelService: service},
@@ -180,8 +180,8 @@ func boolGauge(b bool) float64 {
 	return 0
 }
 
-// register registers c, or returns the equal collector already registered.
-func register[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error) {
+// Register registers c, or returns the equal collector already registered.
+func Register[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error) {
 	if reg == nil {
 		var zero C
 		return zero, errors.New("telemetry: a prometheus.Registerer is required")

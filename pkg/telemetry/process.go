@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -57,29 +56,4 @@ func (p *Process) Shutdown() {
 	if err := p.Tracer.Shutdown(ctx); err != nil {
 		p.Log.Warn("tracer shutdown", "err", err)
 	}
-}
-
-// ConnectNATS connects to NATS for ever-retrying use by a service, logs
-// disconnects, reconnects and asynchronous errors such as slow consumers and
-// permission violations (NATSErrorHandler) on log, and exports the
-// connection state as the xiaoclaw_nats_connected gauge with the service
-// label. opts add the service's credentials (natsauth).
-func (p *Process) ConnectNATS(url, name, label string, log *slog.Logger, opts ...nats.Option) (*nats.Conn, error) {
-	onErr, err := NATSErrorHandler(p.Registry, label, log)
-	if err != nil {
-		return nil, err
-	}
-	opts = append([]nats.Option{nats.Name(name), nats.MaxReconnects(-1), nats.ErrorHandler(onErr),
-		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { log.Warn("NATS disconnected", "err", err) }),
-		nats.ReconnectHandler(func(c *nats.Conn) { log.Info("NATS reconnected", "url", c.ConnectedUrlRedacted()) }),
-	}, opts...)
-	nc, err := nats.Connect(url, opts...)
-	if err != nil {
-		return nil, fmt.Errorf("connect NATS %s: %w", url, err)
-	}
-	if err := RegisterNATSConnected(p.Registry, label, nc); err != nil {
-		nc.Close()
-		return nil, err
-	}
-	return nc, nil
 }

@@ -203,7 +203,7 @@ func (s *Span) End(code string, err error) {
 	if code != "" {
 		msg := code
 		if err != nil {
-			msg = scrubString(err.Error())
+			msg = Scrub(err.Error())
 		}
 		s.span.SetStatus(codes.Error, msg)
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/authguard"
+	"github.com/xiaoclaw/xiaoclaw/pkg/eventually"
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
 	"github.com/xiaoclaw/xiaoclaw/pkg/xzsim"
 	"github.com/xiaoclaw/xiaoclaw/services/devicehub"
@@ -195,7 +196,7 @@ func TestDisconnectFailsPendingCallsAtOnce(t *testing.T) {
 			replies <- &wireReply{m, err}
 		}()
 	}
-	eventually(t, "calls held on the device", func() bool { return d.Held() == calls })
+	eventually.True(t, "calls held on the device", func() bool { return d.Held() == calls })
 	start := time.Now()
 	d.Drop()
 	for range calls {
@@ -242,10 +243,10 @@ func TestNewSessionReplacesOld(t *testing.T) {
 		m, err := rpcErr(e.nc, testTenant, dev, callBody("self.audio_speaker.set_volume", `{"volume":1}`), time.Minute)
 		pending <- &wireReply{m, err}
 	}()
-	eventually(t, "call held on the first session", func() bool { return d1.Held() == 1 })
+	eventually.True(t, "call held on the first session", func() bool { return d1.Held() == 1 })
 
 	d2 := connect(t, hub, mac, nil)
-	closedWithin(t, d1.Done(), "old connection closed")
+	eventually.Closed(t, d1.Done(), "old connection closed")
 	r := <-pending
 	if r.err != nil || fault(t, r.msg).Code != wire.FaultDisconnected {
 		t.Fatalf("pending call on the replaced session: %v", r.err)
@@ -294,7 +295,7 @@ func TestTwoReplicasServeTheirOwnDevices(t *testing.T) {
 	// Device A moves to hub B: hub A closes its older session.
 	oldSession := dA.SessionID()
 	dA2 := connect(t, hubB, macA, nil)
-	closedWithin(t, dA.Done(), "session on hub A closed after the device reconnected to hub B")
+	eventually.Closed(t, dA.Done(), "session on hub A closed after the device reconnected to hub B")
 	// Hub A announces the end after dropping its subscription; hub B
 	// announces the new session after taking its own.
 	var sawOffline, sawOnline bool
@@ -355,7 +356,7 @@ func TestWrongCredentialsRefusedBeforeUpgrade(t *testing.T) {
 	}
 	// The query fallback authenticates like the headers.
 	connect(t, hub, "aa:bb:cc:00:00:09", func(c *xzsim.Config) { c.AuthInQuery = true })
-	eventually(t, "query-authenticated session", func() bool { return hub.Sessions() == 1 })
+	eventually.True(t, "query-authenticated session", func() bool { return hub.Sessions() == 1 })
 }
 
 func TestTenantComesFromTheToken(t *testing.T) {
@@ -378,7 +379,7 @@ func TestMalformedAndOversizedFramesCloseOnlyThatSession(t *testing.T) {
 	good := connectOnline(t, e, hub, "aa:bb:cc:00:01:01", nil)
 	bad := connect(t, hub, "aa:bb:cc:00:01:02", nil)
 	big := connect(t, hub, "aa:bb:cc:00:01:03", nil)
-	eventually(t, "three sessions", func() bool { return hub.Sessions() == 3 })
+	eventually.True(t, "three sessions", func() bool { return hub.Sessions() == 3 })
 
 	ctx := context.Background()
 	// Binary audio and unknown JSON types are fine.
@@ -391,17 +392,17 @@ func TestMalformedAndOversizedFramesCloseOnlyThatSession(t *testing.T) {
 	if err := bad.SendText(ctx, []byte(`{"type":"hello",`)); err != nil {
 		t.Fatal(err)
 	}
-	closedWithin(t, bad.Done(), "session with a malformed frame closed")
+	eventually.Closed(t, bad.Done(), "session with a malformed frame closed")
 	if got := bad.CloseStatus(); got != websocket.StatusInvalidFramePayloadData {
 		t.Errorf("malformed frame: close status %v", got)
 	}
 	_ = big.SendText(ctx, []byte(`{"type":"mcp","payload":"`+strings.Repeat("x", 20<<10)+`"}`))
-	closedWithin(t, big.Done(), "session with an oversized frame closed")
+	eventually.Closed(t, big.Done(), "session with an oversized frame closed")
 	if got := big.CloseStatus(); got != websocket.StatusMessageTooBig {
 		t.Errorf("oversized frame: close status %v", got)
 	}
 
-	eventually(t, "only the good session left", func() bool { return hub.Sessions() == 1 })
+	eventually.True(t, "only the good session left", func() bool { return hub.Sessions() == 1 })
 	decodeResponse(t, rpc(t, e.nc, testTenant, canonical(t, good.MAC()), callBody("self.audio_speaker.set_volume", `{"volume":5}`), 5*time.Second))
 	if good.Volume() != 5 {
 		t.Fatal("the good device stopped working")
@@ -444,7 +445,7 @@ func TestBusyCap(t *testing.T) {
 			replies <- &wireReply{m, err}
 		}()
 	}
-	eventually(t, "three calls in flight", func() bool { return d.Held() == 3 })
+	eventually.True(t, "three calls in flight", func() bool { return d.Held() == 3 })
 	if f := fault(t, rpc(t, e.nc, testTenant, dev, callBody("self.get_device_status", `{}`), 5*time.Second)); f.Code != wire.FaultBusy {
 		t.Fatalf("fourth call: %+v, want BUSY", f)
 	}
@@ -526,7 +527,7 @@ func TestIdleAndHelloTimeouts(t *testing.T) {
 	w := watch(t, e, testTenant, canonical(t, mac))
 	d := connect(t, hub, mac, nil)
 	w.nextKind(wire.DeviceOnline)
-	closedWithin(t, d.Done(), "idle session closed")
+	eventually.Closed(t, d.Done(), "idle session closed")
 	if off := w.nextKind(wire.DeviceOffline); !strings.Contains(off.Reason, "idle") {
 		t.Fatalf("offline reason %q", off.Reason)
 	}
@@ -565,7 +566,7 @@ func TestShutdownEndsSessions(t *testing.T) {
 		m, err := rpcErr(e.nc, testTenant, canonical(t, mac), callBody("self.get_device_status", `{}`), time.Minute)
 		pending <- &wireReply{m, err}
 	}()
-	eventually(t, "call held", func() bool { return d.Held() == 1 })
+	eventually.True(t, "call held", func() bool { return d.Held() == 1 })
 	cancel()
 	if r := <-pending; r.err != nil || fault(t, r.msg).Code != wire.FaultDisconnected {
 		t.Fatalf("pending call at shutdown: %v", r.err)
@@ -573,7 +574,7 @@ func TestShutdownEndsSessions(t *testing.T) {
 	if off := w.nextKind(wire.DeviceOffline); off.Reason == "" {
 		t.Fatal("offline event without reason")
 	}
-	closedWithin(t, d.Done(), "device connection closed at shutdown")
+	eventually.Closed(t, d.Done(), "device connection closed at shutdown")
 	if got := d.CloseStatus(); got != websocket.StatusGoingAway {
 		t.Errorf("close status %v, want going away", got)
 	}
@@ -829,7 +830,7 @@ func TestConnectingUntilToolsListed(t *testing.T) {
 	if ev.Kind != wire.DeviceConnecting || ev.SessionID != d.SessionID() || !ev.MCP || len(ev.Tools) != 0 || len(ev.ServerInfo) == 0 || len(ev.Hello) == 0 {
 		t.Fatalf("first event %+v, want connecting of %s with server info, without a catalog", ev, d.SessionID())
 	}
-	eventually(t, "tools/list asked", func() bool { return d.Requests("tools/list") == 1 })
+	eventually.True(t, "tools/list asked", func() bool { return d.Requests("tools/list") == 1 })
 	select {
 	case m := <-w.ch:
 		t.Fatalf("event before the device listed its tools: %s", m.Data)
@@ -853,7 +854,7 @@ func TestConnectingUntilToolsListed(t *testing.T) {
 	if ev := w2.next(); ev.Kind != wire.DeviceConnecting {
 		t.Fatalf("first event %+v, want connecting", ev)
 	}
-	eventually(t, "tools/list asked", func() bool { return d2.Requests("tools/list") == 1 })
+	eventually.True(t, "tools/list asked", func() bool { return d2.Requests("tools/list") == 1 })
 	_ = d2.Close()
 	if ev := w2.next(); ev.Kind != wire.DeviceOffline || ev.SessionID != d2.SessionID() {
 		t.Fatalf("event after the device left %+v, want offline", ev)

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/deviceauth"
+	"github.com/xiaoclaw/xiaoclaw/pkg/eventually"
 	"github.com/xiaoclaw/xiaoclaw/pkg/natsembed"
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
 	"github.com/xiaoclaw/xiaoclaw/pkg/xzsim"
@@ -22,7 +23,7 @@ import (
 const (
 	testTenant = "dev"
 	testToken  = "tok-dev"
-	waitLimit  = 10 * time.Second // upper bound for conditions that normally hold within milliseconds
+	waitLimit  = eventually.Limit // upper bound for conditions that normally hold within milliseconds
 )
 
 // env is one test's NATS server plus helpers to start hubs and devices.
@@ -256,27 +257,6 @@ func fault(t testing.TB, m *nats.Msg) wire.Fault {
 
 func callBody(tool string, args string) string {
 	return `{"jsonrpc":"2.0","method":"tools/call","params":{"name":"` + tool + `","arguments":` + args + `}}`
-}
-
-// eventually polls cond until it holds or waitLimit passes.
-func eventually(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(waitLimit)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %s", what, waitLimit)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-}
-
-func closedWithin(t testing.TB, ch <-chan struct{}, what string) {
-	t.Helper()
-	select {
-	case <-ch:
-	case <-time.After(waitLimit):
-		t.Fatalf("%s: not within %s", what, waitLimit)
-	}
 }
 
 func isNoResponders(err error) bool { return errors.Is(err, nats.ErrNoResponders) }

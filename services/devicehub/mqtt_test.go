@@ -18,6 +18,7 @@ import (
 	paho "github.com/eclipse/paho.mqtt.golang"
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/activation"
+	"github.com/xiaoclaw/xiaoclaw/pkg/eventually"
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
 	"github.com/xiaoclaw/xiaoclaw/pkg/xzsim"
 	"github.com/xiaoclaw/xiaoclaw/services/devicehub"
@@ -217,7 +218,7 @@ func TestMQTTHelloV3AnsweredWithUDPBlockThenGoodbye(t *testing.T) {
 	}
 	// No audio pipeline: the hub ends the voice session with a goodbye the
 	// firmware honours (matching session id).
-	eventually(t, "goodbye honoured", func() bool { return d.Goodbyes() == 1 && !d.AudioOpen() })
+	eventually.True(t, "goodbye honoured", func() bool { return d.Goodbyes() == 1 && !d.AudioOpen() })
 	// The MQTT session itself goes on.
 	r := decodeResponse(t, rpc(t, e.nc, testTenant, online.Device, callBody("self.screen.set_theme", `{"theme":"dark"}`), 5*time.Second))
 	if r.Result == nil || d.Theme() != "dark" {
@@ -421,7 +422,7 @@ func TestMQTTQoS1PublishClosesTheConnection(t *testing.T) {
 	body = append(binary.BigEndian.AppendUint16(body, 1), `{"type":"listen"}`...) // packet id 1
 	rc.write(0x32, body)                                                          // PUBLISH, QoS 1
 	rc.waitClosed()
-	eventually(t, "session released", func() bool { return hub.Sessions() == 0 })
+	eventually.True(t, "session released", func() bool { return hub.Sessions() == 0 })
 }
 
 func TestMQTTSubscriptionsLimitedToOwnTopic(t *testing.T) {
@@ -464,7 +465,7 @@ func TestActivationFlow(t *testing.T) {
 	connected := make(chan error, 1)
 	go func() { connected <- d.Connect(ctx) }()
 	var code string
-	eventually(t, "activation code shown", func() bool { code = d.ActivationCode(); return code != "" })
+	eventually.True(t, "activation code shown", func() bool { code = d.ActivationCode(); return code != "" })
 	if len(code) != 6 || strings.Trim(code, "0123456789") != "" {
 		t.Fatalf("code %q is not 6 digits", code)
 	}
@@ -598,7 +599,7 @@ func TestBehaviourOverBothTransports(t *testing.T) {
 				}
 				pending <- fault(t, m)
 			}()
-			eventually(t, "call held", func() bool { return d.Held() == 1 })
+			eventually.True(t, "call held", func() bool { return d.Held() == 1 })
 			d.Drop()
 			select {
 			case f := <-pending:
@@ -638,7 +639,7 @@ func TestDeviceMovingBetweenTransportsKeepsItsID(t *testing.T) {
 		wire.DeviceNodeID(second.Device) != "xz-aabbcc0f0201" || second.SessionID <= first.SessionID {
 		t.Fatalf("move: first %+v, offline %+v, second %+v", first, off, second)
 	}
-	closedWithin(t, ws.Done(), "the WebSocket session replaced")
+	eventually.Closed(t, ws.Done(), "the WebSocket session replaced")
 	if r := decodeResponse(t, rpc(t, e.nc, testTenant, dev, callBody("self.audio_speaker.set_volume", `{"volume":9}`), 5*time.Second)); r.Result == nil || mq.Volume() != 9 {
 		t.Fatalf("call after the move: %+v", r)
 	}

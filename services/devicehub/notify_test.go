@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/xiaoclaw/xiaoclaw/pkg/eventually"
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
 	"github.com/xiaoclaw/xiaoclaw/services/devicehub"
 )
@@ -97,7 +98,7 @@ func TestNotificationFloodIsLimited(t *testing.T) {
 		t.Fatal(err)
 	}
 	dropped := func() int64 { return droppedNotifications(t, reg, testTenant) }
-	eventually(t, "every notification passed or dropped", func() bool { return gotB.Load() == 1 && gotA.Load()+dropped() == flood })
+	eventually.True(t, "every notification passed or dropped", func() bool { return gotB.Load() == 1 && gotA.Load()+dropped() == flood })
 	elapsed := time.Since(start)
 
 	if n := gotA.Load(); n < burst || float64(n) > burst+rate*elapsed.Seconds()+1 {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/access"
 	"github.com/xiaoclaw/xiaoclaw/pkg/audit"
+	"github.com/xiaoclaw/xiaoclaw/pkg/eventually"
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
 	"github.com/xiaoclaw/xiaoclaw/services/gateway"
 	"github.com/xiaoclaw/xiaoclaw/services/gateway/auditapi"
@@ -112,7 +113,7 @@ func TestAuditTrailAttemptAndOutcome(t *testing.T) {
 	})
 	answered := make(chan gwtest.Frame, 1)
 	go func() { answered <- e.invoke("r-ok", "self.audio_speaker.set_volume") }()
-	eventually(t, "the attempt stored while the device acts", func() bool {
+	eventually.True(t, "the attempt stored while the device acts", func() bool {
 		return count(`SELECT count(*) FROM audit_events WHERE kind = 'node.invoke.attempt' AND request_id = 'r-ok'`) == 1
 	})
 	if e.shim.count() != 1 || count(`SELECT count(*) FROM audit_invocations`) != 0 {
@@ -124,7 +125,7 @@ func TestAuditTrailAttemptAndOutcome(t *testing.T) {
 	if fe := failure(t, e.invoke("r-deny", "self.reboot")); fe.DetailCode() != "POLICY_DENIED" {
 		t.Fatalf("got %+v", fe)
 	}
-	eventually(t, "both calls' outcomes stored", func() bool {
+	eventually.True(t, "both calls' outcomes stored", func() bool {
 		return count(`SELECT count(*) FROM audit_invocations WHERE tenant = 'acme'`) == 2
 	})
 	if n := count(`SELECT count(*) FROM audit_denials WHERE tenant = 'acme' AND tool = 'self.reboot' AND rule = 'rule-no-reboot'`); n != 1 {

@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/access"
+	"github.com/xiaoclaw/xiaoclaw/pkg/eventually"
 	"github.com/xiaoclaw/xiaoclaw/pkg/natsembed"
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
 	"github.com/xiaoclaw/xiaoclaw/services/gateway"
@@ -39,7 +40,7 @@ var testTokens = access.StaticTokens{
 }
 
 // waitFor bounds every wait in these tests.
-const waitFor = 10 * time.Second
+const waitFor = eventually.Limit
 
 // env is one embedded NATS server with JetStream and any number of gateway
 // replicas on it.
@@ -297,29 +298,11 @@ type nodeList struct {
 	Nodes []nodeView `json:"nodes"`
 }
 
-// eventually polls cond until it holds.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	eventuallyWithin(t, waitFor, what, cond)
-}
-
-// eventuallyWithin is eventually with its own bound.
-func eventuallyWithin(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 // waitListed waits until a replica lists the node with the given state.
 func waitListed(t *testing.T, c *gwtest.Client, nodeID string, connected bool) nodeView {
 	t.Helper()
 	var found nodeView
-	eventually(t, "node "+nodeID+" listed", func() bool {
+	eventually.True(t, "node "+nodeID+" listed", func() bool {
 		for _, n := range payload[nodeList](t, call(t, c, "node.list", map[string]any{})).Nodes {
 			if n.NodeID == nodeID && n.Connected == connected {
 				found = n

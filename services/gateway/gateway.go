@@ -83,7 +83,7 @@ type Config struct {
 	Console http.Handler
 	// Ops, when set, serves /healthz, /readyz, /metrics and /debug/loglevel
 	// on Addr in place of the gateway's own /healthz and /readyz
-	// (telemetry.OpsServer.Handler; `xiaoclaw dev` mounts the ops endpoints
+	// (ops.Server.Handler; `xiaoclaw dev` mounts the ops endpoints
 	// of all its services there).
 	Ops http.Handler
 	// TracerProvider traces node.invoke (telemetry.NewTracerProvider); nil

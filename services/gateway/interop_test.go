@@ -18,6 +18,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/xiaoclaw/xiaoclaw/pkg/eventually"
 	"github.com/xiaoclaw/xiaoclaw/pkg/openclawref"
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
 )
@@ -68,7 +69,7 @@ func TestInteropStockCLIAndNodeHost(t *testing.T) {
 	var hostID string
 	op := operator(t, gw, tokAdmin, "operator.read")
 	// Node.js takes a while to start on a busy machine.
-	eventuallyWithin(t, 120*time.Second, "the stock node host to register", func() bool {
+	eventually.Within(t, 120*time.Second, "the stock node host to register", func() bool {
 		for _, n := range payload[nodeList](t, call(t, op, "node.list", map[string]any{})).Nodes {
 			if n.DisplayName == "interop-host" && n.Connected {
 				hostID = n.NodeID

@@ -11,6 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/xiaoclaw/xiaoclaw/pkg/eventually"
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
 	"github.com/xiaoclaw/xiaoclaw/services/gateway"
 	"github.com/xiaoclaw/xiaoclaw/services/gateway/internal/gwtest"
@@ -95,7 +96,7 @@ func TestConnectionCaps(t *testing.T) {
 	operator(t, gw, tokGlobex, "operator.read") // another tenant
 
 	first.Close()
-	eventually(t, "the closed connection's slot freed", func() bool {
+	eventually.True(t, "the closed connection's slot freed", func() bool {
 		c, err := gwtest.Dial(ctxT(t), gw.URL())
 		if err != nil {
 			t.Fatal(err)
@@ -147,7 +148,7 @@ func TestInflightCap(t *testing.T) {
 		}
 	}
 	send("a") // held by the device
-	eventually(t, "the first call at the device", func() bool { return sh.count() == 1 })
+	eventually.True(t, "the first call at the device", func() bool { return sh.count() == 1 })
 	send("b") // over the cap: its refusal is being recorded
 	select {
 	case <-audit.held:

@@ -13,6 +13,7 @@ import (
 	"github.com/coder/websocket"
 	"github.com/nats-io/nats.go"
 
+	"github.com/xiaoclaw/xiaoclaw/pkg/eventually"
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
 	"github.com/xiaoclaw/xiaoclaw/services/gateway"
 	"github.com/xiaoclaw/xiaoclaw/services/gateway/internal/gwtest"
@@ -70,7 +71,7 @@ func TestIdempotencyAcrossReplicas(t *testing.T) {
 		results <- f
 	}
 	go async(a)
-	eventually(t, "first call at the shim", func() bool { return sh.count() == 2 })
+	eventually.True(t, "first call at the shim", func() bool { return sh.count() == 2 })
 	go async(b)
 	// Give the duplicate a chance to reach the shim if deduplication failed.
 	select {

@@ -15,6 +15,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/access"
+	"github.com/xiaoclaw/xiaoclaw/pkg/eventually"
 	"github.com/xiaoclaw/xiaoclaw/pkg/toolcall"
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
 	"github.com/xiaoclaw/xiaoclaw/services/gateway/internal/registry"
@@ -444,25 +445,14 @@ func TestAuthFailures(t *testing.T) {
 	if resp.StatusCode != http.StatusNoContent {
 		t.Errorf("DELETE: %d", resp.StatusCode)
 	}
-	waitFor(t, "the session to be forgotten", func() bool { return h.srv.Sessions() == 0 })
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	eventually.True(t, "the session to be forgotten", func() bool { return h.srv.Sessions() == 0 })
 }
 
 func TestListChangedReachesTheSessionsInScope(t *testing.T) {
 	h := newHarness(t, Config{Groups: groupMap{"kitchen": {"xz-1": true}}})
 	h.nodes.set(device("acme", "xz-1", "Kitchen", "self.a"))
 	h.nodes.set(device("acme", "xz-2", "Desk", "self.b"))
-	waitFor(t, "the setup's changes to be flushed", h.srv.notify.idle)
+	eventually.True(t, "the setup's changes to be flushed", h.srv.notify.idle)
 	type counter struct {
 		mu sync.Mutex
 		n  int
@@ -478,19 +468,19 @@ func TestListChangedReachesTheSessionsInScope(t *testing.T) {
 	}
 	count := func(c *counter) int { c.mu.Lock(); defer c.mu.Unlock(); return c.n }
 	tenant, kitchen, desk, other := open("op-a", "/mcp"), open("op-a", "/mcp/groups/kitchen"), open("op-a", "/mcp/nodes/xz-2"), open("op-b", "/mcp")
-	waitFor(t, "the sessions to register", func() bool { return h.srv.Sessions() == 4 })
+	eventually.True(t, "the sessions to register", func() bool { return h.srv.Sessions() == 4 })
 
 	// The desk goes offline: the tenant and the desk's node session hear it.
 	off := device("acme", "xz-2", "Desk", "self.b")
 	off.Connected = false
 	h.nodes.set(off)
-	waitFor(t, "list_changed for the desk", func() bool { return count(tenant) == 1 && count(desk) == 1 })
+	eventually.True(t, "list_changed for the desk", func() bool { return count(tenant) == 1 && count(desk) == 1 })
 	// A record change the catalog does not show is not announced.
 	off.LastSeenMs = 42
 	h.nodes.set(off)
 	// A kitchen change reaches the tenant and the kitchen group.
 	h.nodes.set(device("acme", "xz-1", "Kitchen", "self.a", "self.c"))
-	waitFor(t, "list_changed for the kitchen", func() bool { return count(tenant) == 2 && count(kitchen) == 1 })
+	eventually.True(t, "list_changed for the kitchen", func() bool { return count(tenant) == 2 && count(kitchen) == 1 })
 	time.Sleep(100 * time.Millisecond) // give a wrong notification the time to arrive
 	if count(desk) != 1 || count(other) != 0 || count(tenant) != 2 {
 		t.Errorf("notifications: tenant %d kitchen %d desk %d other tenant %d; want 2 1 1 0",

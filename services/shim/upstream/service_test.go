@@ -41,7 +41,7 @@ func putDevice(t *testing.T, nc *nats.Conn, rec wire.NodeRecord) {
 	t.Helper()
 	ctx := context.Background()
 	js, _ := jetstream.New(nc)
-	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: wire.BucketNodes, History: 1})
+	kv, err := js.CreateOrUpdateKeyValue(ctx, wire.NodesBucketConfig())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -25,6 +25,7 @@ import (
 	"github.com/xiaoclaw/xiaoclaw/pkg/activation"
 	"github.com/xiaoclaw/xiaoclaw/pkg/audit"
 	"github.com/xiaoclaw/xiaoclaw/pkg/natsembed"
+	"github.com/xiaoclaw/xiaoclaw/pkg/ops"
 	"github.com/xiaoclaw/xiaoclaw/pkg/telemetry"
 	"github.com/xiaoclaw/xiaoclaw/pkg/tenancy"
 	"github.com/xiaoclaw/xiaoclaw/services/devicehub"
@@ -162,7 +163,7 @@ type Stack struct {
 	// DB knows whether the tenancy store's database answers: the "db"
 	// readiness check and, with a Registerer, xiaoclaw_db_connected of the
 	// gateway and the devicehub, which share that store here.
-	DB    *telemetry.DBHealth
+	DB    *ops.DBHealth
 	tenNC *nats.Conn
 	// background runs what is no replica (the database pings) until Close.
 	background     sync.WaitGroup
@@ -479,7 +480,7 @@ func (s *Stack) AddGateway(name, addr string) (*Component, error) {
 // watchDatabase pings the tenancy store's database until Close and, with a
 // Registerer, exports the answer for the services that use it.
 func (s *Stack) watchDatabase() error {
-	db, err := telemetry.NewDBHealth(telemetry.DBHealthConfig{Ping: s.Tenancy.Store.DB().PingContext}, s.cfg.Log)
+	db, err := ops.NewDBHealth(ops.DBHealthConfig{Ping: s.Tenancy.Store.DB().PingContext}, s.cfg.Log)
 	if err != nil {
 		return err
 	}

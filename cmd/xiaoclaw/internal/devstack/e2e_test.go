@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/xiaoclaw/xiaoclaw/pkg/eventually"
 	"github.com/xiaoclaw/xiaoclaw/pkg/occlient"
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
 	"github.com/xiaoclaw/xiaoclaw/pkg/xzsim"
@@ -289,15 +290,10 @@ func TestInvokeEndToEnd(t *testing.T) {
 	})
 }
 
+// waitFor polls cond until it holds, within the end-to-end tests' bound.
 func waitFor(t testing.TB, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(waitLimit)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met in time")
-		}
-		time.Sleep(5 * time.Millisecond) // polling a condition
-	}
+	eventually.Within(t, waitLimit, "the condition", cond)
 }
 
 // A shim replica stopped under load: calls sent after it stopped all

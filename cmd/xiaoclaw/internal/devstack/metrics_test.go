@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/xiaoclaw/xiaoclaw/pkg/ops"
 	"github.com/xiaoclaw/xiaoclaw/pkg/telemetry"
 )
 
@@ -15,7 +16,7 @@ import (
 // read 0 once the audit trail has caught up.
 func TestStackExportsDatabaseAndAuditGauges(t *testing.T) {
 	reg := telemetry.NewRegistry()
-	ops, err := telemetry.NewOpsServer(telemetry.OpsConfig{Gatherer: reg}, nil)
+	ops, err := ops.NewServer(ops.Config{Gatherer: reg}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,6 +6,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/xiaoclaw/xiaoclaw/pkg/natsconn"
 	"github.com/xiaoclaw/xiaoclaw/pkg/telemetry"
 )
 
@@ -23,10 +24,10 @@ func (s *Stack) errorHandler(name string) nats.Option {
 			service = label
 		}
 	}
-	h, err := telemetry.NATSErrorHandler(reg, service, s.cfg.Log.With("nats_connection", name))
+	h, err := natsconn.ErrorHandler(reg, service, s.cfg.Log.With("nats_connection", name))
 	if err != nil {
 		// The counter cannot be registered (a clashing metric): log only.
-		h, _ = telemetry.NATSErrorHandler(prometheus.NewRegistry(), service, s.cfg.Log.With("nats_connection", name))
+		h, _ = natsconn.ErrorHandler(prometheus.NewRegistry(), service, s.cfg.Log.With("nats_connection", name))
 	}
 	return nats.ErrorHandler(h)
 }

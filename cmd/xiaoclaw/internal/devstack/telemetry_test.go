@@ -13,6 +13,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/xiaoclaw/xiaoclaw/pkg/ops"
 	"github.com/xiaoclaw/xiaoclaw/pkg/telemetry"
 	"github.com/xiaoclaw/xiaoclaw/pkg/telemetry/telemetrytest"
 )
@@ -98,7 +99,7 @@ func (o *v4Operator) invoke(t *testing.T, id, node, tool, traceparent string) ma
 func tracedStack(t *testing.T, rec *telemetrytest.Recorder) *Stack {
 	t.Helper()
 	reg := telemetry.NewRegistry()
-	ops, err := telemetry.NewOpsServer(telemetry.OpsConfig{Gatherer: reg}, nil)
+	ops, err := ops.NewServer(ops.Config{Gatherer: reg}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -24,6 +24,8 @@ import (
 	"github.com/xiaoclaw/xiaoclaw/pkg/authguard"
 	"github.com/xiaoclaw/xiaoclaw/pkg/deviceauth"
 	"github.com/xiaoclaw/xiaoclaw/pkg/natsauth"
+	"github.com/xiaoclaw/xiaoclaw/pkg/natsconn"
+	"github.com/xiaoclaw/xiaoclaw/pkg/ops"
 	"github.com/xiaoclaw/xiaoclaw/pkg/telemetry"
 	"github.com/xiaoclaw/xiaoclaw/pkg/tenancy"
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
@@ -125,7 +127,7 @@ func run(args []string) error {
 	if err != nil {
 		return err
 	}
-	nc, err := proc.ConnectNATS(*natsURL, "devicehub "+*instance, telemetry.LabelDevicehub, log, natsOpts...)
+	nc, err := natsconn.Connect(proc.Registry, *natsURL, "devicehub "+*instance, telemetry.LabelDevicehub, log, natsOpts...)
 	if err != nil {
 		return err
 	}
@@ -136,7 +138,7 @@ func run(args []string) error {
 		return err
 	}
 	defer creds.close()
-	checks := []telemetry.Check{telemetry.NATSCheck(nc)}
+	checks := []ops.Check{ops.NATSCheck(nc)}
 	if creds.db != nil {
 		if err := creds.db.Register(reg, telemetry.LabelDevicehub); err != nil {
 			return err
@@ -163,9 +165,9 @@ func run(args []string) error {
 	if err != nil {
 		return err
 	}
-	ops, err := telemetry.NewOpsServer(telemetry.OpsConfig{
+	ops, err := ops.NewServer(ops.Config{
 		Addr: *opsAddr, Gatherer: reg, LogLevel: level,
-		Checks: append(checks, telemetry.ChannelCheck("devicehub", svc.Ready())),
+		Checks: append(checks, ops.ChannelCheck("devicehub", svc.Ready())),
 	}, log)
 	if err != nil {
 		return err
@@ -186,7 +188,7 @@ type credentials struct {
 	auth   deviceauth.Authenticator
 	minter devicehub.CredentialMinter
 	// db tracks the tenancy store's database; nil without one.
-	db *telemetry.DBHealth
+	db *ops.DBHealth
 	// runners keep the key cache current and ping the database.
 	runners []func(context.Context) error
 	close   func()
@@ -214,7 +216,7 @@ func deviceCredentials(ctx context.Context, nc *nats.Conn, dsn string, static de
 		store.Close()
 		return nil, err
 	}
-	db, err := telemetry.NewDBHealth(telemetry.DBHealthConfig{Ping: store.DB().PingContext}, log)
+	db, err := ops.NewDBHealth(ops.DBHealthConfig{Ping: store.DB().PingContext}, log)
 	if err != nil {
 		store.Close()
 		return nil, err

@@ -21,6 +21,8 @@ import (
 	"github.com/xiaoclaw/xiaoclaw/pkg/access"
 	"github.com/xiaoclaw/xiaoclaw/pkg/authguard"
 	"github.com/xiaoclaw/xiaoclaw/pkg/natsauth"
+	"github.com/xiaoclaw/xiaoclaw/pkg/natsconn"
+	"github.com/xiaoclaw/xiaoclaw/pkg/ops"
 	"github.com/xiaoclaw/xiaoclaw/pkg/telemetry"
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
 	"github.com/xiaoclaw/xiaoclaw/services/gateway"
@@ -152,7 +154,7 @@ func run(args []string) error {
 	if err != nil {
 		return err
 	}
-	nc, err := proc.ConnectNATS(*natsURL, "xiaoclaw-gateway "+*instance, telemetry.LabelGateway, log, natsOpts...)
+	nc, err := natsconn.Connect(proc.Registry, *natsURL, "xiaoclaw-gateway "+*instance, telemetry.LabelGateway, log, natsOpts...)
 	if err != nil {
 		return err
 	}
@@ -200,15 +202,15 @@ func run(args []string) error {
 	if err != nil {
 		return err
 	}
-	checks := []telemetry.Check{
-		telemetry.NATSCheck(nc),
+	checks := []ops.Check{
+		ops.NATSCheck(nc),
 		// Started, not draining (and connected).
 		{Name: "gateway", Run: func(context.Context) error { return svc.CheckReady() }},
 	}
 	if be != nil {
 		checks = append(checks, be.checks()...)
 	}
-	ops, err := telemetry.NewOpsServer(telemetry.OpsConfig{Addr: *opsAddr, Gatherer: reg, LogLevel: level, Checks: checks}, log)
+	ops, err := ops.NewServer(ops.Config{Addr: *opsAddr, Gatherer: reg, LogLevel: level, Checks: checks}, log)
 	if err != nil {
 		return err
 	}

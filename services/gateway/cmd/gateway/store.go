@@ -15,6 +15,7 @@ import (
 	"github.com/xiaoclaw/xiaoclaw/pkg/activation"
 	"github.com/xiaoclaw/xiaoclaw/pkg/audit"
 	"github.com/xiaoclaw/xiaoclaw/pkg/authguard"
+	"github.com/xiaoclaw/xiaoclaw/pkg/ops"
 	"github.com/xiaoclaw/xiaoclaw/pkg/policy"
 	"github.com/xiaoclaw/xiaoclaw/pkg/telemetry"
 	"github.com/xiaoclaw/xiaoclaw/pkg/tenancy"
@@ -34,7 +35,7 @@ type backend struct {
 	auditor    gateway.Auditor
 	connects   gateway.ConnectAuditor
 	api        http.Handler
-	db         *telemetry.DBHealth           // the db readiness check and xiaoclaw_db_connected
+	db         *ops.DBHealth                 // the db readiness check and xiaoclaw_db_connected
 	runners    []func(context.Context) error // database pings; audit writer, collector and lag monitor
 	watcherFor func(svc *gateway.Service) func(context.Context) error
 }
@@ -64,7 +65,7 @@ func openBackend(ctx context.Context, dsn string, nc *nats.Conn, static access.S
 		b.close()
 		return nil, fmt.Errorf("audit store: %w", err)
 	}
-	if b.db, err = telemetry.NewDBHealth(telemetry.DBHealthConfig{Ping: b.tenancy.DB().PingContext}, log); err == nil {
+	if b.db, err = ops.NewDBHealth(ops.DBHealthConfig{Ping: b.tenancy.DB().PingContext}, log); err == nil {
 		err = b.db.Register(reg, telemetry.LabelGateway)
 	}
 	if err != nil {
@@ -162,8 +163,8 @@ func openBackend(ctx context.Context, dsn string, nc *nats.Conn, static access.S
 }
 
 // checks are the readiness checks of the database.
-func (b *backend) checks() []telemetry.Check {
-	return []telemetry.Check{b.db.Check()}
+func (b *backend) checks() []ops.Check {
+	return []ops.Check{b.db.Check()}
 }
 
 func (b *backend) close() {

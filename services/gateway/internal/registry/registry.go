@@ -118,36 +118,11 @@ type Registry struct {
 
 // Open binds the registry bucket, creating it when no service has yet.
 func Open(ctx context.Context, js jetstream.JetStream, log *slog.Logger) (*Registry, error) {
-	kv, err := openBucket(ctx, js, jetstream.KeyValueConfig{
-		Bucket:      wire.BucketNodes,
-		Description: "xiaoclaw node registry",
-		History:     1,
-		Storage:     jetstream.FileStorage,
-	})
+	kv, err := wire.OpenBucket(ctx, js, wire.NodesBucketConfig())
 	if err != nil {
 		return nil, fmt.Errorf("node registry: %w", err)
 	}
 	return &Registry{kv: kv, log: log, tenants: map[string]map[string]*Node{}, ready: make(chan struct{})}, nil
-}
-
-// openBucket binds bucket cfg.Bucket, creating it if it does not exist. A
-// replica that loses the creation race binds the winner's bucket.
-func openBucket(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
-	kv, err := js.KeyValue(ctx, cfg.Bucket)
-	if err == nil {
-		return kv, nil
-	}
-	if !errors.Is(err, jetstream.ErrBucketNotFound) {
-		return nil, err
-	}
-	kv, err = js.CreateKeyValue(ctx, cfg)
-	if err == nil {
-		return kv, nil
-	}
-	if kv2, err2 := js.KeyValue(ctx, cfg.Bucket); err2 == nil {
-		return kv2, nil
-	}
-	return nil, err
 }
 
 // OnChange registers fn; call it before Run.

@@ -21,6 +21,8 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/natsauth"
+	"github.com/xiaoclaw/xiaoclaw/pkg/natsconn"
+	"github.com/xiaoclaw/xiaoclaw/pkg/ops"
 	"github.com/xiaoclaw/xiaoclaw/pkg/telemetry"
 	"github.com/xiaoclaw/xiaoclaw/services/shim"
 )
@@ -103,7 +105,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	nc, err := proc.ConnectNATS(*natsURL, "shim "+*instance, telemetry.LabelShim, log, natsOpts...)
+	nc, err := natsconn.Connect(proc.Registry, *natsURL, "shim "+*instance, telemetry.LabelShim, log, natsOpts...)
 	if err != nil {
 		return err
 	}
@@ -118,9 +120,9 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	ops, err := telemetry.NewOpsServer(telemetry.OpsConfig{
+	ops, err := ops.NewServer(ops.Config{
 		Addr: *opsAddr, Gatherer: reg, LogLevel: level,
-		Checks: []telemetry.Check{telemetry.NATSCheck(nc), telemetry.ChannelCheck("shim", svc.Ready())},
+		Checks: []ops.Check{ops.NATSCheck(nc), ops.ChannelCheck("shim", svc.Ready())},
 	}, log)
 	if err != nil {
 		return err

@@ -76,25 +76,15 @@ type Options struct {
 	Resubmit func(Pending)
 }
 
-// Open creates the node registry bucket if it does not exist yet (history 1,
-// file storage) and returns a registry on it. Nothing is cached until Watch
+// Open creates the node registry bucket if it does not exist yet
+// (wire.NodesBucketConfig) and returns a registry on it. Nothing is cached until Watch
 // runs.
 func Open(ctx context.Context, nc *nats.Conn, log *slog.Logger, schemas *catalog.Schemas, opts Options) (*Registry, error) {
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return nil, fmt.Errorf("nodes: jetstream: %w", err)
 	}
-	cfg := jetstream.KeyValueConfig{
-		Bucket:      wire.BucketNodes,
-		Description: "xiaoclaw node registry",
-		History:     1,
-		Storage:     jetstream.FileStorage,
-	}
-	kv, err := js.CreateKeyValue(ctx, cfg)
-	if errors.Is(err, jetstream.ErrBucketExists) {
-		// Another service created it, maybe with other settings: use it as is.
-		kv, err = js.KeyValue(ctx, wire.BucketNodes)
-	}
+	kv, err := wire.OpenBucket(ctx, js, wire.NodesBucketConfig())
 	if err != nil {
 		return nil, fmt.Errorf("nodes: bucket %s: %w", wire.BucketNodes, err)
 	}

@@ -1,4 +1,4 @@
-package telemetry
+package ops
 
 import (
 	"context"
@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/xiaoclaw/xiaoclaw/pkg/telemetry"
 )
 
 // DBHealthConfig configures a DBHealth. Zero durations take the defaults.
@@ -40,7 +42,7 @@ type DBHealth struct {
 // stops answering and one when it answers again.
 func NewDBHealth(cfg DBHealthConfig, log *slog.Logger) (*DBHealth, error) {
 	if cfg.Ping == nil {
-		return nil, errors.New("telemetry: database health needs a ping func")
+		return nil, errors.New("ops: database health needs a ping func")
 	}
 	if cfg.Interval <= 0 {
 		cfg.Interval = 5 * time.Second
@@ -63,7 +65,7 @@ func (h *DBHealth) Connected() bool {
 
 // Register exports Connected as xiaoclaw_db_connected{service}.
 func (h *DBHealth) Register(reg prometheus.Registerer, service string) error {
-	return RegisterDBConnected(reg, service, h.Connected)
+	return telemetry.RegisterDBConnected(reg, service, h.Connected)
 }
 
 // Check is the "db" readiness check: it pings now and records the answer.
@@ -73,7 +75,7 @@ func (h *DBHealth) Check() Check {
 
 // Run pings at once and then every Interval until ctx is done; it returns nil.
 func (h *DBHealth) Run(ctx context.Context) error {
-	Poll(ctx, h.cfg.Interval, func() {
+	telemetry.Poll(ctx, h.cfg.Interval, func() {
 		pctx, cancel := context.WithTimeout(ctx, h.cfg.Timeout)
 		defer cancel()
 		_ = h.ping(pctx)

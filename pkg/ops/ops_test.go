@@ -1,6 +1,7 @@
-package telemetry_test
+package ops_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -18,14 +19,15 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/natsembed"
+	"github.com/xiaoclaw/xiaoclaw/pkg/ops"
 	"github.com/xiaoclaw/xiaoclaw/pkg/telemetry"
 )
 
 // startOps runs an ops server on a random loopback port until the test ends.
-func startOps(t *testing.T, cfg telemetry.OpsConfig, log *slog.Logger) string {
+func startOps(t *testing.T, cfg ops.Config, log *slog.Logger) string {
 	t.Helper()
 	cfg.Addr = "127.0.0.1:0"
-	srv, err := telemetry.NewOpsServer(cfg, log)
+	srv, err := ops.NewServer(cfg, log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,10 +71,10 @@ func do(t *testing.T, method, u, body string) (int, string) {
 	return res.StatusCode, string(b)
 }
 
-func readiness(t *testing.T, base string) (int, telemetry.Readiness) {
+func readiness(t *testing.T, base string) (int, ops.Readiness) {
 	t.Helper()
 	code, body := get(t, base+"/readyz")
-	var r telemetry.Readiness
+	var r ops.Readiness
 	if err := json.Unmarshal([]byte(body), &r); err != nil {
 		t.Fatalf("readyz body %q: %v", body, err)
 	}
@@ -80,7 +82,7 @@ func readiness(t *testing.T, base string) (int, telemetry.Readiness) {
 }
 
 // waitReadiness polls /readyz until it answers want, or fails after 10 s.
-func waitReadiness(t *testing.T, base string, want int) telemetry.Readiness {
+func waitReadiness(t *testing.T, base string, want int) ops.Readiness {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
@@ -114,9 +116,9 @@ func TestReadyzFollowsTheNATSConnection(t *testing.T) {
 		t.Fatal(err)
 	}
 	started := make(chan struct{})
-	base := startOps(t, telemetry.OpsConfig{
+	base := startOps(t, ops.Config{
 		Gatherer: reg,
-		Checks:   []telemetry.Check{telemetry.NATSCheck(nc), telemetry.ChannelCheck("shim", started)},
+		Checks:   []ops.Check{ops.NATSCheck(nc), ops.ChannelCheck("shim", started)},
 	}, nil)
 
 	if code, _ := get(t, base+"/healthz"); code != http.StatusOK {
@@ -158,10 +160,10 @@ func TestReadyzFollowsTheNATSConnection(t *testing.T) {
 func TestReadyzCheckTimeoutAndSecrets(t *testing.T) {
 	hang := make(chan struct{})
 	defer close(hang)
-	base := startOps(t, telemetry.OpsConfig{
+	base := startOps(t, ops.Config{
 		CheckTimeout: 50 * time.Millisecond,
-		Checks: []telemetry.Check{
-			telemetry.PingCheck("db", func(context.Context) error {
+		Checks: []ops.Check{
+			ops.PingCheck("db", func(context.Context) error {
 				return errors.New("connect postgres://app:db-s3cr3t@db:5432/x: refused")
 			}),
 			{Name: "slow", Run: func(context.Context) error { <-hang; return nil }},
@@ -177,16 +179,16 @@ func TestReadyzCheckTimeoutAndSecrets(t *testing.T) {
 }
 
 func TestOpsConfigIsValidated(t *testing.T) {
-	for _, cfg := range []telemetry.OpsConfig{
-		{Addr: ":0", Checks: []telemetry.Check{{Name: "x"}}},
-		{Addr: ":0", Checks: []telemetry.Check{telemetry.ChannelCheck("a", nil), telemetry.ChannelCheck("a", nil)}},
+	for _, cfg := range []ops.Config{
+		{Addr: ":0", Checks: []ops.Check{{Name: "x"}}},
+		{Addr: ":0", Checks: []ops.Check{ops.ChannelCheck("a", nil), ops.ChannelCheck("a", nil)}},
 	} {
-		if _, err := telemetry.NewOpsServer(cfg, nil); err == nil {
+		if _, err := ops.NewServer(cfg, nil); err == nil {
 			t.Errorf("config %+v accepted", cfg)
 		}
 	}
 	for _, addr := range []string{"", "256.0.0.1:99999"} {
-		srv, err := telemetry.NewOpsServer(telemetry.OpsConfig{Addr: addr}, nil)
+		srv, err := ops.NewServer(ops.Config{Addr: addr}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -198,8 +200,12 @@ func TestOpsConfigIsValidated(t *testing.T) {
 
 func TestLogLevelEndpoint(t *testing.T) {
 	var lv slog.LevelVar
-	log, buf := newTestLogger(t, "json", &lv)
-	base := startOps(t, telemetry.OpsConfig{LogLevel: &lv}, log)
+	var buf bytes.Buffer
+	log, err := telemetry.NewLogger(&buf, "json", &lv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := startOps(t, ops.Config{LogLevel: &lv}, log)
 	u := base + "/debug/loglevel"
 
 	if code, body := get(t, u); code != 200 || !strings.Contains(body, `"level":"INFO"`) {
@@ -262,7 +268,7 @@ func TestMetricsDeclarations(t *testing.T) {
 	backlog2, _ := telemetry.NewAuditBacklog(reg)
 	backlog2.Inc()
 
-	base := startOps(t, telemetry.OpsConfig{Gatherer: reg}, nil)
+	base := startOps(t, ops.Config{Gatherer: reg}, nil)
 	_, body := get(t, base+"/metrics")
 	for _, want := range []string{
 		`xiaoclaw_devices_connected{tenant="acme",transport="websocket"} 1`,

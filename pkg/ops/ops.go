@@ -1,4 +1,9 @@
-package telemetry
+// Package ops is the operations side of a service process: the HTTP server
+// of /healthz, /readyz (named readiness checks run concurrently, each within
+// a timeout), /metrics and /debug/loglevel, and the database health tracker
+// that feeds both the "db" readiness check and the xiaoclaw_db_connected
+// gauge.
+package ops
 
 import (
 	"context"
@@ -16,6 +21,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/xiaoclaw/xiaoclaw/pkg/telemetry"
 )
 
 // Check is one named readiness check; Run returns nil when the dependency
@@ -53,8 +60,8 @@ func ChannelCheck(name string, ready <-chan struct{}) Check {
 	}}
 }
 
-// OpsConfig configures the ops HTTP server of a service.
-type OpsConfig struct {
+// Config configures the ops HTTP server of a service.
+type Config struct {
 	// Addr to listen on, e.g. ":9090" or "127.0.0.1:0".
 	Addr string
 	// Gatherer serves /metrics; nil leaves /metrics out.
@@ -67,9 +74,9 @@ type OpsConfig struct {
 	CheckTimeout time.Duration
 }
 
-// OpsServer serves /healthz, /readyz, /metrics and /debug/loglevel.
-type OpsServer struct {
-	cfg     OpsConfig
+// Server serves /healthz, /readyz, /metrics and /debug/loglevel.
+type Server struct {
+	cfg     Config
 	log     *slog.Logger
 	handler http.Handler
 	ready   chan struct{}
@@ -77,27 +84,27 @@ type OpsServer struct {
 	mu      sync.Mutex
 }
 
-// NewOpsServer builds the ops server. Handler can be mounted elsewhere (the
+// NewServer builds the ops server. Handler can be mounted elsewhere (the
 // gateway's port in `xiaoclaw dev`) instead of calling Run; Addr is needed
 // only by Run.
-func NewOpsServer(cfg OpsConfig, log *slog.Logger) (*OpsServer, error) {
+func NewServer(cfg Config, log *slog.Logger) (*Server, error) {
 	if cfg.CheckTimeout <= 0 {
 		cfg.CheckTimeout = 2 * time.Second
 	}
 	seen := map[string]bool{}
 	for _, c := range cfg.Checks {
 		if c.Name == "" || c.Run == nil {
-			return nil, errors.New("telemetry: every readiness check needs a name and a func")
+			return nil, errors.New("ops: every readiness check needs a name and a func")
 		}
 		if seen[c.Name] {
-			return nil, fmt.Errorf("telemetry: readiness check %q given twice", c.Name)
+			return nil, fmt.Errorf("ops: readiness check %q given twice", c.Name)
 		}
 		seen[c.Name] = true
 	}
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	s := &OpsServer{cfg: cfg, log: log, ready: make(chan struct{})}
+	s := &Server{cfg: cfg, log: log, ready: make(chan struct{})}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
@@ -116,27 +123,27 @@ func NewOpsServer(cfg OpsConfig, log *slog.Logger) (*OpsServer, error) {
 }
 
 // Handler serves the ops endpoints.
-func (s *OpsServer) Handler() http.Handler { return s.handler }
+func (s *Server) Handler() http.Handler { return s.handler }
 
 // Ready is closed once Run listens.
-func (s *OpsServer) Ready() <-chan struct{} { return s.ready }
+func (s *Server) Ready() <-chan struct{} { return s.ready }
 
 // Addr is the address Run listens on (the real port when Addr asked for
 // port 0); empty before Ready.
-func (s *OpsServer) Addr() string {
+func (s *Server) Addr() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.addr
 }
 
 // Run listens and serves until ctx is done, then shuts down and returns nil.
-func (s *OpsServer) Run(ctx context.Context) error {
+func (s *Server) Run(ctx context.Context) error {
 	if s.cfg.Addr == "" {
-		return errors.New("telemetry: ops server address is required")
+		return errors.New("ops: server address is required")
 	}
 	ln, err := net.Listen("tcp", s.cfg.Addr)
 	if err != nil {
-		return fmt.Errorf("telemetry: ops server: %w", err)
+		return fmt.Errorf("ops: server: %w", err)
 	}
 	s.mu.Lock()
 	s.addr = ln.Addr().String()
@@ -151,7 +158,7 @@ func (s *OpsServer) Run(ctx context.Context) error {
 	close(s.ready)
 	select {
 	case err := <-errc:
-		return fmt.Errorf("telemetry: ops server: %w", err)
+		return fmt.Errorf("ops: server: %w", err)
 	case <-ctx.Done():
 	}
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
@@ -178,7 +185,7 @@ type Readiness struct {
 }
 
 // CheckReadiness runs every check concurrently, each within CheckTimeout.
-func (s *OpsServer) CheckReadiness(ctx context.Context) Readiness {
+func (s *Server) CheckReadiness(ctx context.Context) Readiness {
 	res := make([]CheckResult, len(s.cfg.Checks))
 	var wg sync.WaitGroup
 	for i, c := range s.cfg.Checks {
@@ -190,7 +197,7 @@ func (s *OpsServer) CheckReadiness(ctx context.Context) Readiness {
 			err := runCheck(cctx, c)
 			res[i] = CheckResult{Name: c.Name, OK: err == nil}
 			if err != nil {
-				res[i].Error = scrubString(err.Error())
+				res[i].Error = telemetry.Scrub(err.Error())
 			}
 		}()
 	}
@@ -217,7 +224,7 @@ func runCheck(ctx context.Context, c Check) error {
 	}
 }
 
-func (s *OpsServer) serveReady(w http.ResponseWriter, r *http.Request) {
+func (s *Server) serveReady(w http.ResponseWriter, r *http.Request) {
 	rd := s.CheckReadiness(r.Context())
 	code := http.StatusOK
 	if rd.Status != "ready" {

@@ -1,4 +1,4 @@
-package telemetry_test
+package natsconn_test
 
 import (
 	"bytes"
@@ -11,6 +11,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/xiaoclaw/xiaoclaw/pkg/eventually"
+	"github.com/xiaoclaw/xiaoclaw/pkg/natsconn"
 	"github.com/xiaoclaw/xiaoclaw/pkg/natsembed"
 	"github.com/xiaoclaw/xiaoclaw/pkg/telemetry"
 )
@@ -43,7 +45,7 @@ func TestNATSErrorHandlerCountsSlowConsumer(t *testing.T) {
 	t.Cleanup(ns.Shutdown)
 	reg := prometheus.NewRegistry()
 	var logs syncBuffer
-	onErr, err := telemetry.NATSErrorHandler(reg, telemetry.LabelShim, slog.New(slog.NewTextHandler(&logs, nil)))
+	onErr, err := natsconn.ErrorHandler(reg, telemetry.LabelShim, slog.New(slog.NewTextHandler(&logs, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,16 +100,77 @@ func slowConsumers(t *testing.T, reg *prometheus.Registry) float64 {
 		t.Fatal(err)
 	}
 	for _, mf := range mfs {
-		if mf.GetName() != telemetry.MetricNATSAsyncErrors {
+		if mf.GetName() != natsconn.MetricAsyncErrors {
 			continue
 		}
 		for _, m := range mf.GetMetric() {
 			for _, l := range m.GetLabel() {
-				if l.GetName() == "kind" && l.GetValue() == telemetry.NATSErrSlowConsumer {
+				if l.GetName() == "kind" && l.GetValue() == natsconn.KindSlowConsumer {
 					return m.GetCounter().GetValue()
 				}
 			}
 		}
 	}
 	return 0
+}
+
+// natsConnected reads xiaoclaw_nats_connected{service="shim"} from reg.
+func natsConnected(t *testing.T, reg *prometheus.Registry) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != telemetry.MetricNATSConnected {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == telemetry.LabelService && l.GetValue() == telemetry.LabelShim {
+					return m.GetGauge().GetValue()
+				}
+			}
+		}
+	}
+	t.Fatalf("%s{service=%q} not exported", telemetry.MetricNATSConnected, telemetry.LabelShim)
+	return 0
+}
+
+// A service's connection logs a server restart and reconnects, and the
+// gauge follows its state.
+func TestConnectFollowsTheServer(t *testing.T) {
+	ns, err := natsembed.Start(natsembed.Config{StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(ns.Shutdown)
+	reg := prometheus.NewRegistry()
+	var logs syncBuffer
+	nc, err := natsconn.Connect(reg, ns.ClientURL(), "shim test", telemetry.LabelShim,
+		slog.New(slog.NewTextHandler(&logs, nil)), nats.ReconnectWait(20*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	if got := natsConnected(t, reg); got != 1 {
+		t.Fatalf("connected gauge %v, want 1", got)
+	}
+
+	if err := ns.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	eventually.True(t, "the disconnect to be logged", func() bool { return strings.Contains(logs.String(), "NATS disconnected") })
+	eventually.True(t, "the reconnect to be logged", func() bool { return strings.Contains(logs.String(), "NATS reconnected") })
+	if got := natsConnected(t, reg); got != 1 {
+		t.Fatalf("connected gauge %v after the reconnect, want 1", got)
+	}
+	nc.Close()
+	if got := natsConnected(t, reg); got != 0 {
+		t.Fatalf("connected gauge %v after Close, want 0", got)
+	}
+
+	if _, err := natsconn.Connect(prometheus.NewRegistry(), "nats://127.0.0.1:1", "shim test", telemetry.LabelShim, slog.New(slog.DiscardHandler)); err == nil || !strings.Contains(err.Error(), "connect NATS nats://127.0.0.1:1") {
+		t.Fatalf("connecting to no server: %v", err)
+	}
 }

@@ -1,4 +1,4 @@
-package telemetry_test
+package ops_test
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 
 	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver
 
+	"github.com/xiaoclaw/xiaoclaw/pkg/ops"
 	"github.com/xiaoclaw/xiaoclaw/pkg/telemetry"
 	"github.com/xiaoclaw/xiaoclaw/pkg/telemetry/telemetrytest"
 )
@@ -52,17 +53,17 @@ func hasLine(body, line string) bool {
 }
 
 // dbOps serves the ops endpoints with h's readiness check and gauge.
-func dbOps(t *testing.T, h *telemetry.DBHealth) string {
+func dbOps(t *testing.T, h *ops.DBHealth) string {
 	t.Helper()
 	reg := telemetry.NewRegistry()
 	if err := h.Register(reg, telemetry.LabelGateway); err != nil {
 		t.Fatal(err)
 	}
-	return startOps(t, telemetry.OpsConfig{Gatherer: reg, Checks: []telemetry.Check{h.Check()}}, nil)
+	return startOps(t, ops.Config{Gatherer: reg, Checks: []ops.Check{h.Check()}}, nil)
 }
 
 // runHealth runs h.Run until the test ends.
-func runHealth(t *testing.T, h *telemetry.DBHealth) {
+func runHealth(t *testing.T, h *ops.DBHealth) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- h.Run(ctx) }()
@@ -95,7 +96,7 @@ func TestDBConnectedFollowsTheDatabase(t *testing.T) {
 			"(start it, or point XIAOCLAW_TEST_POSTGRES at a server)", postgresURL(), err)
 	}
 	var logs telemetrytest.LogBuffer
-	h, err := telemetry.NewDBHealth(telemetry.DBHealthConfig{Ping: db.PingContext, Interval: 20 * time.Millisecond},
+	h, err := ops.NewDBHealth(ops.DBHealthConfig{Ping: db.PingContext, Interval: 20 * time.Millisecond},
 		slog.New(slog.NewTextHandler(&logs, nil)))
 	if err != nil {
 		t.Fatal(err)
@@ -149,7 +150,7 @@ func TestReadinessFeedsDBConnected(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer db.Close()
-			h, err := telemetry.NewDBHealth(telemetry.DBHealthConfig{Ping: db.PingContext}, nil)
+			h, err := ops.NewDBHealth(ops.DBHealthConfig{Ping: db.PingContext}, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
