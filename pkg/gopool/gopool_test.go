@@ -47,7 +47,7 @@ func TestWorkersAreReused(t *testing.T) {
 	// One task at a time: each waits for the worker to be idle again (Go
 	// would start a new goroutine while it is not), and runs on it.
 	for i := range 50 {
-		waitFor(t, "an idle worker", func() bool { return p.TryGo(func() { ids <- goroutineID() }) })
+		eventually.True(t, "an idle worker", func() bool { return p.TryGo(func() { ids <- goroutineID() }) })
 		if id := <-ids; id != worker {
 			t.Fatalf("task %d ran on goroutine %s, not on the idle worker %s", i, id, worker)
 		}
