@@ -341,7 +341,7 @@ func (a *api) events(w http.ResponseWriter, r *http.Request) {
 }
 
 // queryParams are the parameters of GET /api/audit/events.
-var queryParams = []string{"tenant", "since", "until", "kind", "node", "principal", "tool", "outcome", "limit", "cursor"}
+var queryParams = []string{"tenant", "since", "until", "kind", "node", "principal", "tool", "decision", "outcome", "limit", "cursor"}
 
 // parseQuery reads the query strictly. A filter dropped on the way (url's
 // Query skips a pair holding ';', an unknown key would be ignored, a

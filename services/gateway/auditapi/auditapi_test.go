@@ -231,6 +231,11 @@ func TestEventsAPIRefusesUnparseableFilters(t *testing.T) {
 	if code != 200 || json.Unmarshal([]byte(body), &p) != nil || len(p.Events) != 1 || p.Events[0].ID != "a1" {
 		t.Fatalf("?tool=t%%3Bx: %d %s", code, body)
 	}
+	// Every filter the API documents is accepted, the console's included.
+	code, body = get("since=2000-01-01T00:00:00Z&until=2099-01-01T00:00:00Z&kind=node.invoke&node=n&principal=p&tool=t&decision=deny&outcome=ok&limit=10")
+	if code != 200 {
+		t.Fatalf("every filter at once: %d %s", code, body)
+	}
 }
 
 // TestConnectEvent: a connect refused after its token was accepted (here
