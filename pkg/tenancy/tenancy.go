@@ -169,5 +169,13 @@ type Store interface {
 	// Groups maps each group name of the tenant to its sorted node ids.
 	Groups(ctx context.Context, tenant string) (map[string][]string, error)
 
+	// CreateUpstream stores an OpenClaw gateway the tenant publishes to;
+	// ErrConflict if the name is taken within the tenant.
+	CreateUpstream(ctx context.Context, u Upstream) error
+	Upstream(ctx context.Context, tenant, name string) (Upstream, error)
+	// Upstreams returns the tenant's upstreams sorted by name.
+	Upstreams(ctx context.Context, tenant string) ([]Upstream, error)
+	DeleteUpstream(ctx context.Context, tenant, name string, at time.Time) error
+
 	Close() error
 }
