@@ -15,6 +15,9 @@ CREATE TABLE upstreams (
     publish_group        TEXT    NOT NULL DEFAULT '',
     -- node ids, space separated (ids hold only [A-Za-z0-9_-])
     publish_nodes        TEXT    NOT NULL DEFAULT '',
+    -- SHA-256 of the caller token the shim presents to xiaoclaw's gateway
+    -- for the upstream's calls (principal upstream:<name>); shown once
+    caller_hash          TEXT    NOT NULL,
     created_at           BIGINT  NOT NULL,
     PRIMARY KEY (tenant, name)
 );

@@ -47,10 +47,12 @@ type Upstream struct {
 	// CACert is a PEM bundle trusted for a wss:// gateway on top of the
 	// system roots; InsecureSkipVerify accepts any certificate (a
 	// self-signed test gateway).
-	CACert             string    `json:"caCert,omitempty"`
-	InsecureSkipVerify bool      `json:"insecureSkipVerify,omitempty"`
-	Publish            Publish   `json:"publish"`
-	CreatedAt          time.Time `json:"createdAt"`
+	CACert             string  `json:"caCert,omitempty"`
+	InsecureSkipVerify bool    `json:"insecureSkipVerify,omitempty"`
+	Publish            Publish `json:"publish"`
+	// CallerHash is the SHA-256 of the caller token of the upstream's calls.
+	CallerHash string    `json:"-"`
+	CreatedAt  time.Time `json:"createdAt"`
 }
 
 // Publish selects the nodes an upstream sees: all of them, the members of
@@ -171,19 +173,25 @@ func checkUpstream(tenant string, s UpstreamSpec) (Upstream, error) {
 }
 
 // AddUpstream checks and stores an upstream of the tenant; ErrConflict if
-// the name is taken. The answer carries the secret (as every stored
-// Upstream does); callers must not echo it.
-func (m *Manager) AddUpstream(ctx context.Context, tenant string, s UpstreamSpec) (Upstream, error) {
+// the name is taken. It returns the upstream, which carries the gateway's
+// secret (callers must not echo it), and the caller token for its calls
+// through xiaoclaw's gateway, shown this once and stored hashed.
+func (m *Manager) AddUpstream(ctx context.Context, tenant string, s UpstreamSpec) (Upstream, string, error) {
 	up, err := checkUpstream(tenant, s)
 	if err != nil {
-		return Upstream{}, err
+		return Upstream{}, "", err
 	}
+	if err := wire.ValidTenant(tenant); err != nil {
+		return Upstream{}, "", fmt.Errorf("tenant %q: %w", tenant, ErrNotFound)
+	}
+	caller := newUpstreamCallerToken(tenant, up.Name)
+	up.CallerHash = hashToken(caller)
 	up.CreatedAt = m.now()
 	if err := m.cfg.Store.CreateUpstream(ctx, up); err != nil {
-		return Upstream{}, fmt.Errorf("upstream %q: %w", up.Name, err)
+		return Upstream{}, "", fmt.Errorf("upstream %q: %w", up.Name, err)
 	}
 	m.notify(ctx, tenant, wire.ChangeUpstream, up.Name)
-	return up, nil
+	return up, caller, nil
 }
 
 // RemoveUpstream deletes an upstream of the tenant.

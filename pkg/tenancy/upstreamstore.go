@@ -8,14 +8,14 @@ import (
 	"time"
 )
 
-const upstreamCols = `tenant, name, url, auth, secret, ca_cert, insecure_skip_verify, publish, publish_group, publish_nodes, created_at`
+const upstreamCols = `tenant, name, url, auth, secret, ca_cert, insecure_skip_verify, publish, publish_group, publish_nodes, caller_hash, created_at`
 
 func scanUpstream(r scanner) (Upstream, error) {
 	var u Upstream
 	var nodes string
 	var created int64
 	err := r.Scan(&u.Tenant, &u.Name, &u.URL, &u.Auth, &u.Secret, &u.CACert, &u.InsecureSkipVerify,
-		&u.Publish.Mode, &u.Publish.Group, &nodes, &created)
+		&u.Publish.Mode, &u.Publish.Group, &nodes, &u.CallerHash, &created)
 	u.Publish.Nodes = strings.Fields(nodes)
 	u.CreatedAt = fromMs(created)
 	return u, err
@@ -28,9 +28,9 @@ func (s *SQLStore) CreateUpstream(ctx context.Context, u Upstream) error {
 		if err := bump(ctx, tx, u.Tenant, u.CreatedAt); err != nil {
 			return err
 		}
-		_, err := tx.ExecContext(ctx, `INSERT INTO upstreams (`+upstreamCols+`) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)`,
+		_, err := tx.ExecContext(ctx, `INSERT INTO upstreams (`+upstreamCols+`) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)`,
 			u.Tenant, u.Name, u.URL, u.Auth, u.Secret, u.CACert, u.InsecureSkipVerify,
-			u.Publish.Mode, u.Publish.Group, strings.Join(u.Publish.Nodes, " "), ms(u.CreatedAt))
+			u.Publish.Mode, u.Publish.Group, strings.Join(u.Publish.Nodes, " "), u.CallerHash, ms(u.CreatedAt))
 		return err
 	})
 }

@@ -24,14 +24,21 @@ func (a *api) getUpstream(r *http.Request) (int, any, error) {
 	return http.StatusOK, u, err
 }
 
-// addUpstream answers 201 with the stored upstream, without its secret.
+// NewUpstream answers POST /api/tenants/{tenant}/upstreams: the stored
+// upstream without the gateway's secret, and the caller token for its
+// calls through xiaoclaw's gateway (principal upstream:<name>), shown once.
+type NewUpstream struct {
+	Upstream    tenancy.Upstream `json:"upstream"`
+	CallerToken string           `json:"callerToken"`
+}
+
 func (a *api) addUpstream(r *http.Request) (int, any, error) {
 	var req tenancy.UpstreamSpec
 	if err := a.decode(r, &req); err != nil {
 		return 0, nil, err
 	}
-	u, err := a.cfg.Manager.AddUpstream(r.Context(), tenantParam(r), req)
-	return http.StatusCreated, u, err
+	u, caller, err := a.cfg.Manager.AddUpstream(r.Context(), tenantParam(r), req)
+	return http.StatusCreated, NewUpstream{Upstream: u, CallerToken: caller}, err
 }
 
 func (a *api) removeUpstream(r *http.Request) (int, any, error) {

@@ -25,9 +25,15 @@ func TestUpstreamsRoundTrip(t *testing.T) {
 		if strings.Contains(r.raw, secret) {
 			t.Fatalf("the answer to an add echoes the token: %s", r.raw)
 		}
-		if str(r.body, "name") != "lab" || str(r.body, "auth") != "token" || str(r.body, "publish", "mode") != "group" ||
-			str(r.body, "publish", "group") != "kitchen" || r.body["insecureSkipVerify"] != true {
+		if str(r.body, "upstream", "name") != "lab" || str(r.body, "upstream", "auth") != "token" ||
+			str(r.body, "upstream", "publish", "mode") != "group" || str(r.body, "upstream", "publish", "group") != "kitchen" {
 			t.Fatalf("add answered %s", r.raw)
+		}
+		// The caller token, shown this once, is the upstream's principal at the gateway.
+		caller := str(r.body, "callerToken")
+		ops := tenancy.NewOperatorAuth(store, tenancy.CacheConfig{}, quiet)
+		if p, err := ops.AuthenticateOperator(t.Context(), caller); err != nil || p.ID != "upstream:lab" || p.Tenant != "acme" {
+			t.Fatalf("caller token %q: %+v %v", caller, p, err)
 		}
 
 		bad := map[string]string{
@@ -82,7 +88,13 @@ func TestUpstreamsRoundTrip(t *testing.T) {
 		if r := e.do(other, "DELETE", "/api/tenants/beta/upstreams/lab", ""); r.status != http.StatusNotFound {
 			t.Fatalf("deleting another tenant's upstream through one's own: %d %s", r.status, r.raw)
 		}
+		if strings.Contains(list.raw, caller) || strings.Contains(one.raw, caller) {
+			t.Fatal("the caller token is shown again")
+		}
 		e.must(admin, "DELETE", "/api/tenants/acme/upstreams/lab", "", http.StatusNoContent)
+		if _, err := ops.AuthenticateOperator(t.Context(), caller); err == nil {
+			t.Fatal("the caller token of a removed upstream still authenticates")
+		}
 		e.must(admin, "GET", "/api/tenants/acme/upstreams/lab", "", http.StatusNotFound)
 		e.must(admin, "DELETE", "/api/tenants/acme/upstreams/lab", "", http.StatusNotFound)
 		e.must(globalToken, "POST", "/api/tenants/acme/upstreams", `{"name":"home","url":"ws://127.0.0.1:18789","password":"pw"}`, http.StatusCreated)

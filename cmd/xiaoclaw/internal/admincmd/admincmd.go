@@ -1,9 +1,10 @@
 // Package admincmd holds the `xiaoclaw` commands over the gateway's admin
-// API: tenant, token, device-key, allowlist, group and policy. Each reads
-// --server and --token, or XIAOCLAW_SERVER and XIAOCLAW_TOKEN, prints a
-// table (or JSON with --json) and exits non-zero on any error. A command
-// that creates a secret (token create, device-key create|rotate) or a rule
-// (policy add) prints it as the last line, for scripts.
+// API: tenant, token, device-key, allowlist, group, policy and upstream
+// add|list|remove. Each reads --server and --token, or XIAOCLAW_SERVER and
+// XIAOCLAW_TOKEN, prints a table (or JSON with --json) and exits non-zero
+// on any error. A command that creates a secret (token create, device-key
+// create|rotate, upstream add) or a rule (policy add) prints it as the last
+// line, for scripts.
 package admincmd
 
 import (

@@ -80,7 +80,7 @@ func parsePublish(s string) tenancy.Publish {
 func upstreamAdd(env func(string) string) *cobra.Command {
 	var tenant, gwURL, gwToken, gwPassword, caFile, publish string
 	var insecure bool
-	cmd, _ := adminLeaf(env, "add NAME", "Publish a tenant's nodes to an OpenClaw gateway; its calls are the principal upstream:NAME",
+	cmd, _ := adminLeaf(env, "add NAME", "Publish a tenant's nodes to an OpenClaw gateway; prints the caller token of its calls (principal upstream:NAME) last",
 		cobra.ExactArgs(1), func(c *common, cmd *cobra.Command, args []string) error {
 			spec := tenancy.UpstreamSpec{Name: args[0], URL: gwURL, InsecureSkipVerify: insecure, Publish: parsePublish(publish)}
 			spec.Token, spec.Password = gwToken, gwPassword
@@ -94,9 +94,13 @@ func upstreamAdd(env func(string) string) *cobra.Command {
 				}
 				spec.CACert = string(pem)
 			}
-			var u tenancy.Upstream
-			return c.run(cmd, "POST", "/api/tenants/"+seg(tenant)+"/upstreams", spec, &u, func(w io.Writer) error {
-				return table(w, upstreamHeader, upstreamRows(u))
+			var nu adminapi.NewUpstream
+			return c.run(cmd, "POST", "/api/tenants/"+seg(tenant)+"/upstreams", spec, &nu, func(w io.Writer) error {
+				if err := table(w, upstreamHeader, upstreamRows(nu.Upstream)); err != nil {
+					return err
+				}
+				_, err := fmt.Fprintln(w, nu.CallerToken)
+				return err
 			})
 		})
 	requireTenant(cmd, &tenant)

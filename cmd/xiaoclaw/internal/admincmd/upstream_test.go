@@ -45,6 +45,9 @@ func TestUpstreamCLIRoundTrip(t *testing.T) {
 	if !strings.Contains(out, "lab") || !strings.Contains(out, "nodes:xz-a,xz-b") || strings.Contains(out, secret) {
 		t.Fatalf("upstream add printed:\n%s", out)
 	}
+	if _, name, err := tenancy.ParseUpstreamCallerToken(lastLine(out)); err != nil || name != "lab" {
+		t.Fatalf("last line of upstream add is not the caller token: %q", lastLine(out))
+	}
 	u, err := store.Upstream(ctx, "acme", "lab")
 	if err != nil || u.Secret != secret || u.Auth != tenancy.UpstreamAuthToken || u.URL != "ws://127.0.0.1:18790" {
 		t.Fatalf("stored: %v %v", u, err)
