@@ -1,7 +1,8 @@
 // Package tenancy keeps tenants and their credentials: operator API tokens
 // (stored hashed, shown once, with a role and an expiry), per-tenant HMAC
-// device keys with rotation, device allowlists, and the raw policy rules and
-// node groups that pkg/policy evaluates.
+// device keys with rotation, device allowlists, the raw policy rules and
+// node groups that pkg/policy evaluates, and the upstream OpenClaw gateways
+// a tenant publishes its nodes to (with the caller tokens of their calls).
 //
 // The Store interface has one SQL implementation that runs on PostgreSQL
 // (production) and SQLite (the embedded default of `xiaoclaw dev`); one
