@@ -12,11 +12,13 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
 
+	"github.com/xiaoclaw/xiaoclaw/cmd/xiaoclaw/internal/admincmd"
 	"github.com/xiaoclaw/xiaoclaw/pkg/natsauth"
 	"github.com/xiaoclaw/xiaoclaw/services/shim/upstream"
 )
 
-// upstreamCommand groups the upstream-mode commands: the state of every
+// upstreamCommand groups the upstream-mode commands: a tenant's upstream
+// gateways (add, list, remove, over the admin API) and the state of every
 // (device, upstream) link, read from the lease bucket on NATS.
 func upstreamCommand(env func(string) string, stdout io.Writer) *cobra.Command {
 	cmd := &cobra.Command{Use: "upstream", Short: "Devices published as nodes on OpenClaw gateways (upstream mode)"}
@@ -77,5 +79,6 @@ user and password.`,
 	creds.Register(credFlags, env)
 	status.Flags().AddGoFlagSet(credFlags)
 	cmd.AddCommand(status)
+	cmd.AddCommand(admincmd.UpstreamCommands(env)...)
 	return cmd
 }

@@ -5,6 +5,7 @@ import (
 	"crypto/subtle"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/access"
@@ -60,11 +61,15 @@ func NewOperatorAuth(store Store, cfg CacheConfig, log *slog.Logger) *OperatorAu
 	}
 }
 
-// AuthenticateOperator resolves an operator token to its principal. It
+// AuthenticateOperator resolves an operator token, or an upstream's caller
+// token (xcu_…, principal "upstream:<name>"), to its principal. It
 // answers access.ErrUnauthenticated for a malformed, unknown, wrong,
 // expired or revoked token and for a suspended tenant; any other error means
 // the store could not be asked (the caller should answer "unavailable").
 func (a *OperatorAuth) AuthenticateOperator(ctx context.Context, token string) (access.Principal, error) {
+	if strings.HasPrefix(token, UpstreamCallerPrefix) {
+		return a.authenticateUpstream(ctx, token)
+	}
 	id, err := ParseOperatorToken(token)
 	if err != nil {
 		return access.Principal{}, access.ErrUnauthenticated
@@ -93,6 +98,9 @@ func (a *OperatorAuth) AuthenticateOperator(ctx context.Context, token string) (
 func (a *OperatorAuth) Recheck(ctx context.Context, p access.Principal) error {
 	if err := a.tenantActive(ctx, p.Tenant); err != nil {
 		return err
+	}
+	if name, ok := strings.CutPrefix(p.ID, upstreamPrincipalPrefix); ok && p.Name == upstreamCallerName(name) {
+		return a.recheckUpstream(ctx, p, name)
 	}
 	if !ValidTokenID(p.ID) {
 		return nil

@@ -1,7 +1,8 @@
 // Package tenancy keeps tenants and their credentials: operator API tokens
 // (stored hashed, shown once, with a role and an expiry), per-tenant HMAC
-// device keys with rotation, device allowlists, and the raw policy rules and
-// node groups that pkg/policy evaluates.
+// device keys with rotation, device allowlists, the raw policy rules and
+// node groups that pkg/policy evaluates, and the upstream OpenClaw gateways
+// a tenant publishes its nodes to (with the caller tokens of their calls).
 //
 // The Store interface has one SQL implementation that runs on PostgreSQL
 // (production) and SQLite (the embedded default of `xiaoclaw dev`); one
@@ -168,6 +169,14 @@ type Store interface {
 	SetGroup(ctx context.Context, tenant, group string, nodes []string, at time.Time) error
 	// Groups maps each group name of the tenant to its sorted node ids.
 	Groups(ctx context.Context, tenant string) (map[string][]string, error)
+
+	// CreateUpstream stores an OpenClaw gateway the tenant publishes to;
+	// ErrConflict if the name is taken within the tenant.
+	CreateUpstream(ctx context.Context, u Upstream) error
+	Upstream(ctx context.Context, tenant, name string) (Upstream, error)
+	// Upstreams returns the tenant's upstreams sorted by name.
+	Upstreams(ctx context.Context, tenant string) ([]Upstream, error)
+	DeleteUpstream(ctx context.Context, tenant, name string, at time.Time) error
 
 	Close() error
 }

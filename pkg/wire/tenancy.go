@@ -14,6 +14,7 @@ const (
 	ChangeAllowlist = "allowlist" // the tenant's device allowlist was replaced
 	ChangeRule      = "rule"      // a policy rule was added or removed; ID is the rule id
 	ChangeGroup     = "group"     // a node group's members were replaced; ID is the group name
+	ChangeUpstream  = "upstream"  // an upstream OpenClaw gateway was added or removed; ID is its name
 	// ChangeResync means "anything of this tenant may have changed": sent by
 	// the resync poller when it sees a tenant version it did not hear about.
 	ChangeResync = "resync"

@@ -17,7 +17,8 @@ type InflightLimiter interface {
 }
 
 // TenancyChanged re-checks the live connections of the changed tenant when
-// a token, the tenant itself or anything of it (resync) changed: each
+// a token, an upstream (its caller token), the tenant itself or anything of
+// it (resync) changed: each
 // connection's token is authenticated again, and a connection whose token
 // no longer holds (revoked, expired, tenant suspended) is closed with 4001
 // "gateway auth changed". Policy changes need nothing here: the policy is
@@ -25,7 +26,7 @@ type InflightLimiter interface {
 // watcher after the authenticator's cache (tenancy.ChangeFunc).
 func (s *Service) TenancyChanged(c wire.TenancyChange) {
 	switch c.Kind {
-	case wire.ChangeToken, wire.ChangeTenant, wire.ChangeResync:
+	case wire.ChangeToken, wire.ChangeUpstream, wire.ChangeTenant, wire.ChangeResync:
 	default:
 		return
 	}

@@ -1,5 +1,6 @@
 // Package adminapi is the gateway's admin HTTP API: tenants, operator
-// tokens, device keys, device allowlists, node groups and policy rules,
+// tokens, device keys, device allowlists, node groups, policy rules and
+// upstream OpenClaw gateways,
 // described in api/admin-openapi.yaml. It is a plain http.Handler for
 // paths under /api/, served on the gateway's port.
 //
@@ -150,6 +151,10 @@ func New(cfg Config) (http.Handler, error) {
 			r.Post("/activations", a.handle(a.activate))
 			r.Post("/endpoint-tokens", a.handle(a.createEndpointToken))
 			r.Post("/nodes/{node}/approve-tools", a.handle(a.approveTools))
+			r.Get("/upstreams", a.handle(a.listUpstreams))
+			r.Post("/upstreams", a.handle(a.addUpstream))
+			r.Get("/upstreams/{upstream}", a.handle(a.getUpstream))
+			r.Delete("/upstreams/{upstream}", a.handle(a.removeUpstream))
 		})
 	})
 	return r, nil

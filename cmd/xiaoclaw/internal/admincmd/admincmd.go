@@ -1,9 +1,10 @@
 // Package admincmd holds the `xiaoclaw` commands over the gateway's admin
-// API: tenant, token, device-key, allowlist, group and policy. Each reads
-// --server and --token, or XIAOCLAW_SERVER and XIAOCLAW_TOKEN, prints a
-// table (or JSON with --json) and exits non-zero on any error. A command
-// that creates a secret (token create, device-key create|rotate) or a rule
-// (policy add) prints it as the last line, for scripts.
+// API: tenant, token, device-key, allowlist, group, policy and upstream
+// add|list|remove. Each reads --server and --token, or XIAOCLAW_SERVER and
+// XIAOCLAW_TOKEN, prints a table (or JSON with --json) and exits non-zero
+// on any error. A command that creates a secret (token create, device-key
+// create|rotate, upstream add) or a rule (policy add) prints it as the last
+// line, for scripts.
 package admincmd
 
 import (
@@ -19,6 +20,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/tenancy"
 	"github.com/xiaoclaw/xiaoclaw/services/gateway/adminapi"
@@ -52,24 +54,33 @@ type common struct {
 func parent(env func(string) string, use, short string) (*cobra.Command, *common) {
 	c := &common{}
 	cmd := &cobra.Command{Use: use, Short: short, SilenceUsage: true, Args: cobra.NoArgs}
-	pf := cmd.PersistentFlags()
-	pf.StringVar(&c.server, "server", "", "gateway URL (env XIAOCLAW_SERVER; default "+DefaultServer+")")
-	pf.StringVar(&c.token, "token", "", "global admin or tenant admin token (env XIAOCLAW_TOKEN)")
-	pf.BoolVar(&c.json, "json", false, "print the API's JSON answer")
-	pf.DurationVar(&c.timeout, "timeout", 15*time.Second, "how long to wait for the answer")
+	c.register(cmd.PersistentFlags())
 	cmd.PersistentPreRunE = func(*cobra.Command, []string) error {
-		if c.server == "" {
-			c.server = env("XIAOCLAW_SERVER")
-		}
-		if c.server == "" {
-			c.server = DefaultServer
-		}
-		if c.token == "" {
-			c.token = env("XIAOCLAW_TOKEN")
-		}
+		c.defaults(env)
 		return nil
 	}
 	return cmd, c
+}
+
+// register adds the connection and output flags to fs.
+func (c *common) register(fs *pflag.FlagSet) {
+	fs.StringVar(&c.server, "server", "", "gateway URL (env XIAOCLAW_SERVER; default "+DefaultServer+")")
+	fs.StringVar(&c.token, "token", "", "global admin or tenant admin token (env XIAOCLAW_TOKEN)")
+	fs.BoolVar(&c.json, "json", false, "print the API's JSON answer")
+	fs.DurationVar(&c.timeout, "timeout", 15*time.Second, "how long to wait for the answer")
+}
+
+// defaults fills what the flags left empty from the environment.
+func (c *common) defaults(env func(string) string) {
+	if c.server == "" {
+		c.server = env("XIAOCLAW_SERVER")
+	}
+	if c.server == "" {
+		c.server = DefaultServer
+	}
+	if c.token == "" {
+		c.token = env("XIAOCLAW_TOKEN")
+	}
 }
 
 // run calls the API and prints the answer: JSON with --json, else human

@@ -1,0 +1,79 @@
+package tenancy
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"strings"
+	"time"
+)
+
+const upstreamCols = `tenant, name, url, auth, secret, ca_cert, insecure_skip_verify, publish, publish_group, publish_nodes, caller_hash, created_at`
+
+func scanUpstream(r scanner) (Upstream, error) {
+	var u Upstream
+	var nodes string
+	var created int64
+	err := r.Scan(&u.Tenant, &u.Name, &u.URL, &u.Auth, &u.Secret, &u.CACert, &u.InsecureSkipVerify,
+		&u.Publish.Mode, &u.Publish.Group, &nodes, &u.CallerHash, &created)
+	u.Publish.Nodes = strings.Fields(nodes)
+	u.CreatedAt = fromMs(created)
+	return u, err
+}
+
+// CreateUpstream stores an upstream; ErrConflict if the tenant has one of
+// that name.
+func (s *SQLStore) CreateUpstream(ctx context.Context, u Upstream) error {
+	return s.inTx(ctx, func(tx *sql.Tx) error {
+		if err := bump(ctx, tx, u.Tenant, u.CreatedAt); err != nil {
+			return err
+		}
+		_, err := tx.ExecContext(ctx, `INSERT INTO upstreams (`+upstreamCols+`) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)`,
+			u.Tenant, u.Name, u.URL, u.Auth, u.Secret, u.CACert, u.InsecureSkipVerify,
+			u.Publish.Mode, u.Publish.Group, strings.Join(u.Publish.Nodes, " "), u.CallerHash, ms(u.CreatedAt))
+		return err
+	})
+}
+
+// Upstream returns one upstream of the tenant.
+func (s *SQLStore) Upstream(ctx context.Context, tenant, name string) (Upstream, error) {
+	u, err := scanUpstream(s.db.QueryRowContext(ctx, `SELECT `+upstreamCols+` FROM upstreams WHERE tenant = $1 AND name = $2`, tenant, name))
+	if err != nil {
+		return Upstream{}, fmt.Errorf("upstream %q: %w", name, classify(err))
+	}
+	return u, nil
+}
+
+// Upstreams returns the tenant's upstreams sorted by name.
+func (s *SQLStore) Upstreams(ctx context.Context, tenant string) ([]Upstream, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT `+upstreamCols+` FROM upstreams WHERE tenant = $1 ORDER BY name`, tenant)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := []Upstream{}
+	for rows.Next() {
+		u, err := scanUpstream(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, u)
+	}
+	return out, rows.Err()
+}
+
+// DeleteUpstream removes an upstream of the tenant.
+func (s *SQLStore) DeleteUpstream(ctx context.Context, tenant, name string, at time.Time) error {
+	return s.inTx(ctx, func(tx *sql.Tx) error {
+		res, err := tx.ExecContext(ctx, `DELETE FROM upstreams WHERE tenant = $1 AND name = $2`, tenant, name)
+		if err != nil {
+			return err
+		}
+		if n, err := res.RowsAffected(); err != nil {
+			return err
+		} else if n == 0 {
+			return fmt.Errorf("upstream %q: %w", name, ErrNotFound)
+		}
+		return bump(ctx, tx, tenant, at)
+	})
+}
