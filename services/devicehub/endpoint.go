@@ -9,8 +9,6 @@ import (
 	"time"
 	"unique"
 
-	"github.com/coder/websocket"
-
 	"github.com/xiaoclaw/xiaoclaw/pkg/deviceauth"
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
 )
@@ -54,32 +52,7 @@ func (h *hub) serveEndpoint(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	if !h.admit() {
-		writeJSONError(w, http.StatusServiceUnavailable, "shutting down")
-		return
-	}
-	c := &wsConn{hub: h, plain: true}
-	ws, err := websocket.Accept(&smallBufferHijacker{ResponseWriter: w, c: c}, r, &websocket.AcceptOptions{
-		InsecureSkipVerify: true, // token in the URL, never cookies
-		CompressionMode:    websocket.CompressionDisabled,
-		OnPingReceived:     func(context.Context, []byte) bool { c.touch(); return true },
-	})
-	if err != nil || c.raw == nil {
-		h.conns.Done()
-		h.log.Debug("devicehub: endpoint upgrade failed", "remote_ip", remoteIP, "device", device, "err", err)
-		return
-	}
-	ws.SetReadLimit(int64(h.cfg.MaxFrameBytes))
-	c.ws = ws
-	s := &session{
-		hub: h, key: deviceKey{tenant, device}, deviceRaw: device, clientID: deviceauth.EndpointClientID,
-		remoteIP: remoteIP, userAgent: r.UserAgent(), transport: wire.TransportWebSocket, conn: c,
-	}
-	if len(s.userAgent) > 256 {
-		s.userAgent = s.userAgent[:256]
-	}
-	c.sess = s
-	go c.run()
+	h.serveSession(w, r, true, deviceKey{tenant, device}, device, deviceauth.EndpointClientID, remoteIP)
 }
 
 // startEndpoint registers an endpoint session at once (there is no hello)

@@ -63,27 +63,34 @@ func (h *hub) serveWebSocket(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
+	h.serveSession(w, r, false, deviceKey{tenant, device}, creds.DeviceID, creds.ClientID, remoteIP)
+}
+
+// serveSession upgrades an authenticated request to the WebSocket of a
+// session and runs it: a XiaoZhi device's (hello first) or, plain, an MCP
+// endpoint tool host's (one bare JSON-RPC message per frame).
+func (h *hub) serveSession(w http.ResponseWriter, r *http.Request, plain bool, key deviceKey, deviceRaw, clientID, remoteIP string) {
 	if !h.admit() {
 		writeJSONError(w, http.StatusServiceUnavailable, "shutting down")
 		return
 	}
-	c := &wsConn{hub: h}
+	c := &wsConn{hub: h, plain: plain}
 	ws, err := websocket.Accept(&smallBufferHijacker{ResponseWriter: w, c: c}, r, &websocket.AcceptOptions{
-		// Devices authenticate with a bearer token, never with cookies, so a
-		// foreign Origin (browser test clients) is no CSRF risk.
+		// Devices and tool hosts authenticate with a token, never with
+		// cookies, so a foreign Origin (browser test clients) is no CSRF risk.
 		InsecureSkipVerify: true,
 		CompressionMode:    websocket.CompressionDisabled,
 		OnPingReceived:     func(context.Context, []byte) bool { c.touch(); return true },
 	})
 	if err != nil || c.raw == nil {
 		h.conns.Done()
-		h.log.Debug("devicehub: upgrade failed", "remote_ip", remoteIP, "device", device, "err", err)
+		h.log.Debug("devicehub: upgrade failed", "remote_ip", remoteIP, "device", key.device, "plain", plain, "err", err)
 		return
 	}
 	ws.SetReadLimit(int64(h.cfg.MaxFrameBytes))
 	c.ws = ws
 	s := &session{
-		hub: h, key: deviceKey{tenant, device}, deviceRaw: creds.DeviceID, clientID: creds.ClientID,
+		hub: h, key: key, deviceRaw: deviceRaw, clientID: clientID,
 		remoteIP: remoteIP, userAgent: r.UserAgent(), transport: wire.TransportWebSocket, conn: c,
 	}
 	if len(s.userAgent) > 256 {
