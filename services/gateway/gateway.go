@@ -315,6 +315,11 @@ func New(cfg Config, nc *nats.Conn, log *slog.Logger) (*Service, error) {
 		perTenant: map[string]int{},
 		workers:   gopool.New(0),
 	}
+	if s.cfg.MCP.Groups == nil {
+		// The policy's groups, asked of the policy itself: the approval
+		// gate below wraps it for decisions only.
+		s.cfg.MCP.Groups, _ = cfg.Authorizer.(mcpserver.NodeGroups)
+	}
 	if tp, ok := cfg.Authorizer.(toolApprovalPolicy); ok {
 		s.cfg.Authorizer = approvalGate{next: cfg.Authorizer, tenants: tp, s: s}
 	}

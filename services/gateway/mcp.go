@@ -34,13 +34,9 @@ type MCPConfig struct {
 
 // newMCPServer builds the MCP endpoint of a gateway.
 func (s *Service) newMCPServer() (*mcpserver.Server, error) {
-	groups := s.cfg.MCP.Groups
-	if groups == nil {
-		groups, _ = s.cfg.Authorizer.(mcpserver.NodeGroups)
-	}
 	return mcpserver.New(mcpserver.Config{
 		Auth: s.cfg.Auth, Authorizer: s.cfg.Authorizer, Nodes: registryView{s}, Invoker: mcpInvoker{s},
-		Groups: groups, Throttle: mcpThrottle{s}, Version: s.cfg.Version, PageSize: s.cfg.MCP.PageSize,
+		Groups: s.cfg.MCP.Groups, Throttle: mcpThrottle{s}, Version: s.cfg.Version, PageSize: s.cfg.MCP.PageSize,
 		SessionTimeout: s.cfg.MCP.SessionTimeout, MaxRequestBytes: s.cfg.MaxPayload, NotifyDelay: s.cfg.MCP.NotifyDelay, Log: s.log,
 	})
 }

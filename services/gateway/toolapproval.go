@@ -5,7 +5,6 @@ import (
 	"slices"
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/access"
-	"github.com/xiaoclaw/xiaoclaw/services/gateway/mcpserver"
 )
 
 // toolApprovalPolicy is implemented by an Authorizer that knows which
@@ -34,13 +33,4 @@ func (g approvalGate) Authorize(ctx context.Context, r access.Request) access.De
 		}
 	}
 	return g.next.Authorize(ctx, r)
-}
-
-// GroupMembers passes the group question on to the wrapped Authorizer, so
-// the MCP server's group endpoints work behind the gate.
-func (g approvalGate) GroupMembers(ctx context.Context, tenant, group string) (map[string]bool, bool, error) {
-	if ng, ok := g.next.(mcpserver.NodeGroups); ok {
-		return ng.GroupMembers(ctx, tenant, group)
-	}
-	return nil, false, nil
 }
