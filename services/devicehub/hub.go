@@ -199,16 +199,20 @@ func (h *hub) count() int {
 // publish sends a device event; failures are logged (the NATS client
 // buffers while reconnecting, so this is rare).
 func (h *hub) publish(k deviceKey, ev *wire.DeviceEvent) {
-	data, err := json.Marshal(ev)
-	if err != nil {
-		h.log.Error("devicehub: event not encodable", "kind", ev.Kind, "err", err)
-		return
-	}
-	msg := &nats.Msg{Subject: wire.DeviceState(k.tenant, k.device), Header: nats.Header{}, Data: data}
-	msg.Header.Set(wire.HeaderTenant, k.tenant)
-	if err := h.nc.PublishMsg(msg); err != nil {
+	if err := h.publishEvent(wire.DeviceState(k.tenant, k.device), k, ev); err != nil {
 		h.log.Warn("devicehub: event not published", "kind", ev.Kind, "tenant", k.tenant, "device", k.device, "err", err)
 	}
+}
+
+// publishEvent puts a device event on subject, with its tenant header.
+func (h *hub) publishEvent(subject string, k deviceKey, ev *wire.DeviceEvent) error {
+	data, err := json.Marshal(ev)
+	if err != nil {
+		return err
+	}
+	msg := &nats.Msg{Subject: subject, Header: nats.Header{}, Data: data}
+	msg.Header.Set(wire.HeaderTenant, k.tenant)
+	return h.nc.PublishMsg(msg)
 }
 
 // dispatch routes the messages of every subscription until stop closes.

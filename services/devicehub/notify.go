@@ -6,7 +6,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/time/rate"
 
@@ -88,13 +87,7 @@ func (s *session) publishNotification(payload json.RawMessage) {
 	}
 	ev := s.event(wire.DeviceNotification)
 	ev.Notification = payload
-	data, err := json.Marshal(ev)
-	if err != nil {
-		return
-	}
-	msg := &nats.Msg{Subject: wire.DeviceNotify(s.key.tenant, s.key.device), Header: nats.Header{}, Data: data}
-	msg.Header.Set(wire.HeaderTenant, s.key.tenant)
-	if err := s.hub.nc.PublishMsg(msg); err != nil {
+	if err := s.hub.publishEvent(wire.DeviceNotify(s.key.tenant, s.key.device), s.key, ev); err != nil {
 		s.hub.log.Debug("devicehub: notification not published", append(s.logAttrs(), "err", err)...)
 	}
 }
