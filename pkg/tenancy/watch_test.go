@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/access"
+	"github.com/xiaoclaw/xiaoclaw/pkg/eventually"
 	"github.com/xiaoclaw/xiaoclaw/pkg/natsembed"
 	"github.com/xiaoclaw/xiaoclaw/pkg/tenancy"
 	"github.com/xiaoclaw/xiaoclaw/pkg/tenancy/tenancytest"
@@ -36,27 +37,9 @@ func startWatcher(t *testing.T, w *tenancy.Watcher) {
 	}
 }
 
-// eventually polls cond until it holds or the deadline passes.
-// settleWithin bounds how long a change may take to reach a replica in
-// these tests: generous, since a loaded machine (CI) stretches it; the
-// tests log how long it took.
-const settleWithin = 10 * time.Second
-
-func eventually(t *testing.T, within time.Duration, what string, cond func() bool) time.Duration {
-	t.Helper()
-	start := time.Now()
-	for !cond() {
-		if time.Since(start) > within {
-			t.Fatalf("%s: not within %s", what, within)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	return time.Since(start)
-}
-
 // TestRevocationReachesAnotherReplica: an admin on replica A revokes a
 // token and suspends a tenant; replica B, which has both cached, refuses
-// them within a second, and its re-check hook sees the new state.
+// them (the test logs how soon), and its re-check hook sees the new state.
 func TestRevocationReachesAnotherReplica(t *testing.T) {
 	ctx := context.Background()
 	srv, err := natsembed.Start(natsembed.Config{StoreDir: t.TempDir()})
@@ -115,12 +98,13 @@ func TestRevocationReachesAnotherReplica(t *testing.T) {
 	if _, err := mgr.RevokeToken(ctx, "acme", p.ID); err != nil {
 		t.Fatal(err)
 	}
-	took := eventually(t, settleWithin, "revocation on replica B", func() bool {
+	start := time.Now()
+	eventually.True(t, "revocation on replica B", func() bool {
 		_, err := opsB.AuthenticateOperator(ctx, secret)
 		return errors.Is(err, access.ErrUnauthenticated)
 	})
-	t.Logf("revocation reached replica B in %s", took)
-	eventually(t, settleWithin, "re-check hook", func() bool {
+	t.Logf("revocation reached replica B in %s", time.Since(start))
+	eventually.True(t, "re-check hook", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return len(rechecks) > 0 && errors.Is(rechecks[len(rechecks)-1], access.ErrUnauthenticated)
@@ -129,7 +113,7 @@ func TestRevocationReachesAnotherReplica(t *testing.T) {
 	if _, err := mgr.SuspendTenant(ctx, "beta"); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, settleWithin, "suspension on replica B", func() bool {
+	eventually.True(t, "suspension on replica B", func() bool {
 		_, err := opsB.AuthenticateOperator(ctx, betaSecret)
 		return errors.Is(err, access.ErrUnauthenticated)
 	})
@@ -163,7 +147,7 @@ func TestResyncCatchesMissedNotifications(t *testing.T) {
 	if _, err := silent.RevokeToken(ctx, "acme", rec.ID); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, settleWithin, "resync", func() bool {
+	eventually.True(t, "resync", func() bool {
 		_, err := ops.AuthenticateOperator(ctx, secret)
 		return errors.Is(err, access.ErrUnauthenticated)
 	})
