@@ -10,6 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/xiaoclaw/xiaoclaw/pkg/eventually"
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
 	"github.com/xiaoclaw/xiaoclaw/services/shim"
 )
@@ -147,13 +148,7 @@ func TestUnknownHubRecordsAreProbed(t *testing.T) {
 	served := e.fakeDevice(t, connect(t, e.srv, "old-hub"), tenant, device)
 	e.waitRecord(t, tenant, nodeID, "connected", func(r wire.NodeRecord) bool { return r.Connected })
 	e.waitRecord(t, tenant, otherNode, "released", func(r wire.NodeRecord) bool { return !r.Connected })
-	deadline := time.Now().Add(waitFor)
-	for len(served.seen()) == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the served device was never probed")
-		}
-		time.Sleep(10 * time.Millisecond) // polling for the probe
-	}
+	eventually.Within(t, waitFor, "a probe of the served device", func() bool { return len(served.seen()) > 0 })
 	if r, _ := e.record(t, tenant, nodeID); !r.Connected {
 		t.Fatal("a device its hub still serves was released")
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/xiaoclaw/xiaoclaw/pkg/eventually"
 	"github.com/xiaoclaw/xiaoclaw/pkg/occlient"
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
 )
@@ -242,13 +243,7 @@ func TestLinkWaitsInPairingUntilApproved(t *testing.T) {
 		t.Fatalf("pairing status %+v", st)
 	}
 	// It keeps asking (with backoff) while it waits.
-	deadline := time.Now().Add(5 * time.Second)
-	for gw.connectCount() < 3 {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d connects while pairing, want retries", gw.connectCount())
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	eventually.Within(t, 5*time.Second, "3 connects while pairing", func() bool { return gw.connectCount() >= 3 })
 	mu.Lock()
 	isApproved = true
 	mu.Unlock()
@@ -354,13 +349,7 @@ func TestLinkGivesUpAConnectAfterTheTimeout(t *testing.T) {
 		t.Fatalf("status %+v", st)
 	}
 	// And it tries again.
-	deadline := time.Now().Add(5 * time.Second)
-	for gw.connectCount() < 2 {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d connects", gw.connectCount())
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	eventually.Within(t, 5*time.Second, "a second connect", func() bool { return gw.connectCount() >= 2 })
 }
 
 // blockingInvoker holds every call until release is closed.

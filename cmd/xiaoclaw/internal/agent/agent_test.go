@@ -14,6 +14,8 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/xiaoclaw/xiaoclaw/pkg/eventually"
 )
 
 // The test binary doubles as a stdio MCP server (see runTestServer).
@@ -152,13 +154,7 @@ func stdioConfig(delay string, declare bool) string {
 
 func TestStdioServerRelayedAndRestarted(t *testing.T) {
 	a, cs := newTestAgent(t, stdioConfig("0s", false))
-	deadline := time.Now().Add(20 * time.Second)
-	for !hasTool(a, "slow.echo") {
-		if time.Now().After(deadline) {
-			t.Fatalf("slow.echo never listed: %v", a.ToolNames())
-		}
-		time.Sleep(10 * time.Millisecond) // polling for the server's tool list
-	}
+	eventually.Within(t, 20*time.Second, "slow.echo listed", func() bool { return hasTool(a, "slow.echo") })
 	r, err := call(t, cs, "slow.echo", map[string]any{"text": "hi"})
 	if err != nil || text(r) != "echo: hi" {
 		t.Fatalf("relayed call: %v %v", err, r)
