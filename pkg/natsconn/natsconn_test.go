@@ -15,6 +15,7 @@ import (
 	"github.com/xiaoclaw/xiaoclaw/pkg/natsconn"
 	"github.com/xiaoclaw/xiaoclaw/pkg/natsembed"
 	"github.com/xiaoclaw/xiaoclaw/pkg/telemetry"
+	"github.com/xiaoclaw/xiaoclaw/pkg/telemetry/telemetrytest"
 )
 
 // syncBuffer is a log sink safe for the NATS client's goroutines.
@@ -79,7 +80,9 @@ func TestNATSErrorHandlerCountsSlowConsumer(t *testing.T) {
 	if err := pub.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	slow := func() float64 { return slowConsumers(t, reg) }
+	slow := func() float64 {
+		return telemetrytest.MetricValue(t, reg, natsconn.MetricAsyncErrors, "kind", natsconn.KindSlowConsumer)
+	}
 	deadline := time.Now().Add(10 * time.Second)
 	for slow() < 1 || !strings.Contains(logs.String(), "subject=flood") {
 		if time.Now().After(deadline) {
@@ -90,51 +93,6 @@ func TestNATSErrorHandlerCountsSlowConsumer(t *testing.T) {
 	if !strings.Contains(logs.String(), "kind=slow_consumer") || !strings.Contains(logs.String(), "dropped_total=") {
 		t.Fatalf("log line lacks kind or drops: %q", logs.String())
 	}
-}
-
-// slowConsumers reads xiaoclaw_nats_async_errors_total{kind="slow_consumer"}.
-func slowConsumers(t *testing.T, reg *prometheus.Registry) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != natsconn.MetricAsyncErrors {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "kind" && l.GetValue() == natsconn.KindSlowConsumer {
-					return m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return 0
-}
-
-// natsConnected reads xiaoclaw_nats_connected{service="shim"} from reg.
-func natsConnected(t *testing.T, reg *prometheus.Registry) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != telemetry.MetricNATSConnected {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == telemetry.LabelService && l.GetValue() == telemetry.LabelShim {
-					return m.GetGauge().GetValue()
-				}
-			}
-		}
-	}
-	t.Fatalf("%s{service=%q} not exported", telemetry.MetricNATSConnected, telemetry.LabelShim)
-	return 0
 }
 
 // A service's connection logs a server restart and reconnects, and the
@@ -153,7 +111,7 @@ func TestConnectFollowsTheServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(nc.Close)
-	if got := natsConnected(t, reg); got != 1 {
+	if got := telemetrytest.MetricValue(t, reg, telemetry.MetricNATSConnected, telemetry.LabelService, telemetry.LabelShim); got != 1 {
 		t.Fatalf("connected gauge %v, want 1", got)
 	}
 
@@ -162,11 +120,11 @@ func TestConnectFollowsTheServer(t *testing.T) {
 	}
 	eventually.True(t, "the disconnect to be logged", func() bool { return strings.Contains(logs.String(), "NATS disconnected") })
 	eventually.True(t, "the reconnect to be logged", func() bool { return strings.Contains(logs.String(), "NATS reconnected") })
-	if got := natsConnected(t, reg); got != 1 {
+	if got := telemetrytest.MetricValue(t, reg, telemetry.MetricNATSConnected, telemetry.LabelService, telemetry.LabelShim); got != 1 {
 		t.Fatalf("connected gauge %v after the reconnect, want 1", got)
 	}
 	nc.Close()
-	if got := natsConnected(t, reg); got != 0 {
+	if got := telemetrytest.MetricValue(t, reg, telemetry.MetricNATSConnected, telemetry.LabelService, telemetry.LabelShim); got != 0 {
 		t.Fatalf("connected gauge %v after Close, want 0", got)
 	}
 
