@@ -154,7 +154,7 @@ func New(cfg Config) (http.Handler, error) {
 }
 
 func invalid(format string, args ...any) *httpapi.Error {
-	return &httpapi.Error{Status: http.StatusBadRequest, Code: httpapi.CodeInvalid, Message: fmt.Sprintf(format, args...)}
+	return httpapi.Fail(httpapi.CodeInvalid, fmt.Sprintf(format, args...))
 }
 
 // handlerFunc returns the status and body of a success, or an error.
@@ -176,12 +176,12 @@ func (a *api) handle(h handlerFunc) http.HandlerFunc {
 		case errors.Is(err, tenancy.ErrInvalid):
 			ae = invalid("%s", strings.TrimPrefix(err.Error(), tenancy.ErrInvalid.Error()+": "))
 		case errors.Is(err, tenancy.ErrNotFound):
-			ae = &httpapi.Error{Status: http.StatusNotFound, Code: httpapi.CodeNotFound, Message: err.Error()}
+			ae = httpapi.Fail(httpapi.CodeNotFound, err.Error())
 		case errors.Is(err, tenancy.ErrConflict):
-			ae = &httpapi.Error{Status: http.StatusConflict, Code: httpapi.CodeConflict, Message: err.Error()}
+			ae = httpapi.Fail(httpapi.CodeConflict, err.Error())
 		default:
 			a.cfg.Log.Error("admin API request failed", "method", r.Method, "path", r.URL.Path, "err", err)
-			ae = &httpapi.Error{Status: http.StatusInternalServerError, Code: httpapi.CodeInternal, Message: "internal error"}
+			ae = httpapi.Fail(httpapi.CodeInternal, "internal error")
 		}
 		httpapi.WriteError(w, ae)
 	}
@@ -200,7 +200,7 @@ func (a *api) authenticate(next http.Handler) http.Handler {
 			return
 		}
 		if !c.Global && c.Principal.Role != access.RoleAdmin {
-			httpapi.WriteError(w, &httpapi.Error{Status: http.StatusForbidden, Code: httpapi.CodePermission, Message: "the admin role is required"})
+			httpapi.WriteError(w, httpapi.Fail(httpapi.CodePermission, "the admin role is required"))
 			return
 		}
 		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), callerKey{}, c)))
@@ -213,7 +213,7 @@ func (a *api) tenantScope(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		c := callerOf(r)
 		t := chi.URLParam(r, "tenant")
-		notFound := &httpapi.Error{Status: http.StatusNotFound, Code: httpapi.CodeNotFound, Message: fmt.Sprintf("tenant %q: not found", t)}
+		notFound := httpapi.Fail(httpapi.CodeNotFound, fmt.Sprintf("tenant %q: not found", t))
 		if !c.Global && c.Principal.Tenant != t {
 			httpapi.WriteError(w, notFound)
 			return
@@ -221,7 +221,7 @@ func (a *api) tenantScope(next http.Handler) http.Handler {
 		if _, err := a.store.Tenant(r.Context(), t); err != nil {
 			if !errors.Is(err, tenancy.ErrNotFound) {
 				a.cfg.Log.Error("admin API tenant lookup failed", "tenant", t, "err", err)
-				httpapi.WriteError(w, &httpapi.Error{Status: http.StatusServiceUnavailable, Code: httpapi.CodeUnavailable, Message: "the store cannot be reached"})
+				httpapi.WriteError(w, httpapi.Fail(httpapi.CodeUnavailable, "the store cannot be reached"))
 				return
 			}
 			httpapi.WriteError(w, notFound)
@@ -234,7 +234,7 @@ func (a *api) tenantScope(next http.Handler) http.Handler {
 func (a *api) globalOnly(h handlerFunc) handlerFunc {
 	return func(r *http.Request) (int, any, error) {
 		if !callerOf(r).Global {
-			return 0, nil, &httpapi.Error{Status: http.StatusForbidden, Code: httpapi.CodePermission, Message: "a global admin token is required"}
+			return 0, nil, httpapi.Fail(httpapi.CodePermission, "a global admin token is required")
 		}
 		return h(r)
 	}
@@ -244,14 +244,14 @@ func (a *api) globalOnly(h handlerFunc) handlerFunc {
 // fields, nothing after the value.
 func (a *api) decode(r *http.Request, v any) error {
 	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/json" {
-		return &httpapi.Error{Status: http.StatusUnsupportedMediaType, Code: httpapi.CodeMediaType, Message: "the body must be application/json"}
+		return httpapi.Fail(httpapi.CodeMediaType, "the body must be application/json")
 	}
 	dec := json.NewDecoder(http.MaxBytesReader(nil, r.Body, a.cfg.MaxBodyBytes))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
 		var tooLarge *http.MaxBytesError
 		if errors.As(err, &tooLarge) {
-			return &httpapi.Error{Status: http.StatusRequestEntityTooLarge, Code: httpapi.CodeTooLarge, Message: fmt.Sprintf("the body exceeds %d bytes", a.cfg.MaxBodyBytes)}
+			return httpapi.Fail(httpapi.CodeTooLarge, fmt.Sprintf("the body exceeds %d bytes", a.cfg.MaxBodyBytes))
 		}
 		return invalid("bad JSON body: %v", err)
 	}

@@ -36,7 +36,7 @@ type EndpointTokenResponse struct {
 // (after its overlap) revokes them.
 func (a *api) createEndpointToken(r *http.Request) (int, any, error) {
 	if a.cfg.DeviceTokens == nil {
-		return 0, nil, &httpapi.Error{Status: http.StatusNotFound, Code: httpapi.CodeNotFound, Message: "MCP endpoint tokens are not available on this server"}
+		return 0, nil, httpapi.Fail(httpapi.CodeNotFound, "MCP endpoint tokens are not available on this server")
 	}
 	var req EndpointTokenRequest
 	if err := a.decode(r, &req); err != nil {

@@ -435,7 +435,7 @@ type ActivateResponse struct {
 
 func (a *api) activate(r *http.Request) (int, any, error) {
 	if a.cfg.Activator == nil {
-		return 0, nil, &httpapi.Error{Status: http.StatusNotFound, Code: httpapi.CodeNotFound, Message: "device activation is not available on this server"}
+		return 0, nil, httpapi.Fail(httpapi.CodeNotFound, "device activation is not available on this server")
 	}
 	var req ActivateRequest
 	if err := a.decode(r, &req); err != nil {
@@ -450,7 +450,7 @@ func (a *api) activate(r *http.Request) (int, any, error) {
 	for _, k := range keys {
 		if wait := a.codeFails.RetryAfter(k); wait > 0 {
 			a.codeFails.Throttled(k, k)
-			return 0, nil, &httpapi.Error{Status: http.StatusTooManyRequests, Code: httpapi.CodeRateLimited, Message: fmt.Sprintf("too many wrong activation codes; retry in %d s", authguard.RetryAfterSeconds(wait))}
+			return 0, nil, httpapi.Fail(httpapi.CodeRateLimited, fmt.Sprintf("too many wrong activation codes; retry in %d s", authguard.RetryAfterSeconds(wait)))
 		}
 	}
 	dev, err := a.cfg.Activator.Activate(r.Context(), req.Code, tenantParam(r))

@@ -43,7 +43,7 @@ type ApproveToolsResponse struct {
 
 func (a *api) approveTools(r *http.Request) (int, any, error) {
 	if a.cfg.Nodes == nil {
-		return 0, nil, &httpapi.Error{Status: http.StatusNotFound, Code: httpapi.CodeNotFound, Message: "node approvals are not available on this server"}
+		return 0, nil, httpapi.Fail(httpapi.CodeNotFound, "node approvals are not available on this server")
 	}
 	var req ApproveToolsRequest
 	if err := a.decode(r, &req); err != nil {

@@ -209,11 +209,6 @@ func New(cfg Config) (http.Handler, error) {
 	return r, nil
 }
 
-// writeError answers in the envelope the admin API shares.
-func writeError(w http.ResponseWriter, status int, code, msg string) {
-	httpapi.WriteError(w, &httpapi.Error{Status: status, Code: code, Message: msg})
-}
-
 // caller returns the tenant the caller may read ("" for a global admin),
 // or false after answering the request.
 func (a *api) caller(w http.ResponseWriter, r *http.Request) (tenant string, global, ok bool) {
@@ -229,7 +224,7 @@ func (a *api) caller(w http.ResponseWriter, r *http.Request) (tenant string, glo
 	case access.RoleAdmin, access.RoleOperator, access.RoleViewer:
 		return p.Tenant, false, true
 	}
-	writeError(w, http.StatusForbidden, httpapi.CodePermission, "this token may not read the audit trail")
+	httpapi.WriteError(w, httpapi.Fail(httpapi.CodePermission, "this token may not read the audit trail"))
 	return "", false, false
 }
 
@@ -240,7 +235,7 @@ func (a *api) events(w http.ResponseWriter, r *http.Request) {
 	}
 	v, msg := parseQuery(r.URL.RawQuery)
 	if msg != "" {
-		writeError(w, http.StatusBadRequest, httpapi.CodeInvalid, msg)
+		httpapi.WriteError(w, httpapi.Fail(httpapi.CodeInvalid, msg))
 		return
 	}
 	q := audit.Query{
@@ -249,12 +244,12 @@ func (a *api) events(w http.ResponseWriter, r *http.Request) {
 	}
 	switch {
 	case global && q.Tenant == "":
-		writeError(w, http.StatusBadRequest, httpapi.CodeInvalid, "tenant is required")
+		httpapi.WriteError(w, httpapi.Fail(httpapi.CodeInvalid, "tenant is required"))
 		return
 	case !global && q.Tenant == "":
 		q.Tenant = own
 	case !global && q.Tenant != own:
-		writeError(w, http.StatusNotFound, httpapi.CodeNotFound, "no such tenant")
+		httpapi.WriteError(w, httpapi.Fail(httpapi.CodeNotFound, "no such tenant"))
 		return
 	}
 	for _, f := range []struct {
@@ -264,7 +259,7 @@ func (a *api) events(w http.ResponseWriter, r *http.Request) {
 		if s := v.Get(f.name); s != "" {
 			t, err := time.Parse(time.RFC3339Nano, s)
 			if err != nil {
-				writeError(w, http.StatusBadRequest, httpapi.CodeInvalid, f.name+" must be an RFC 3339 time such as 2026-01-02T15:04:05Z")
+				httpapi.WriteError(w, httpapi.Fail(httpapi.CodeInvalid, f.name+" must be an RFC 3339 time such as 2026-01-02T15:04:05Z"))
 				return
 			}
 			*f.t = t
@@ -273,7 +268,7 @@ func (a *api) events(w http.ResponseWriter, r *http.Request) {
 	if s := v.Get("limit"); s != "" {
 		n, err := strconv.Atoi(s)
 		if err != nil || n < 1 || n > audit.MaxLimit {
-			writeError(w, http.StatusBadRequest, httpapi.CodeInvalid, "limit must be 1-"+strconv.Itoa(audit.MaxLimit))
+			httpapi.WriteError(w, httpapi.Fail(httpapi.CodeInvalid, "limit must be 1-"+strconv.Itoa(audit.MaxLimit)))
 			return
 		}
 		q.Limit = n
@@ -281,11 +276,11 @@ func (a *api) events(w http.ResponseWriter, r *http.Request) {
 	page, err := a.cfg.Store.Query(r.Context(), q)
 	switch {
 	case errors.Is(err, audit.ErrInvalidQuery):
-		writeError(w, http.StatusBadRequest, httpapi.CodeInvalid, strings.TrimPrefix(err.Error(), "audit: invalid query: "))
+		httpapi.WriteError(w, httpapi.Fail(httpapi.CodeInvalid, strings.TrimPrefix(err.Error(), "audit: invalid query: ")))
 		return
 	case err != nil:
 		a.cfg.Log.Error("audit query failed", "tenant", q.Tenant, "err", err)
-		writeError(w, http.StatusServiceUnavailable, httpapi.CodeUnavailable, "the audit store cannot be read right now")
+		httpapi.WriteError(w, httpapi.Fail(httpapi.CodeUnavailable, "the audit store cannot be read right now"))
 		return
 	}
 	httpapi.WriteJSON(w, http.StatusOK, page)

@@ -36,14 +36,40 @@ const (
 	CodeInternal         = "internal"
 )
 
+// statuses are the HTTP status of each code: a code always comes with the
+// same status.
+var statuses = map[string]int{
+	CodeRateLimited:      http.StatusTooManyRequests,
+	CodeInvalid:          http.StatusBadRequest,
+	CodeUnauthenticated:  http.StatusUnauthorized,
+	CodePermission:       http.StatusForbidden,
+	CodeNotFound:         http.StatusNotFound,
+	CodeConflict:         http.StatusConflict,
+	CodeMethodNotAllowed: http.StatusMethodNotAllowed,
+	CodeTooLarge:         http.StatusRequestEntityTooLarge,
+	CodeMediaType:        http.StatusUnsupportedMediaType,
+	CodeUnavailable:      http.StatusServiceUnavailable,
+	CodeInternal:         http.StatusInternalServerError,
+}
+
 // Error is an error with the answer it produces.
 type Error struct {
-	Status  int
 	Code    string
 	Message string
 }
 
+// Fail returns the error of code with message msg.
+func Fail(code, msg string) *Error { return &Error{Code: code, Message: msg} }
+
 func (e *Error) Error() string { return e.Code + ": " + e.Message }
+
+// Status is the HTTP status of e's code.
+func (e *Error) Status() int {
+	if st, ok := statuses[e.Code]; ok {
+		return st
+	}
+	return http.StatusInternalServerError
+}
 
 type errorBody struct {
 	Error struct {
@@ -66,23 +92,23 @@ func WriteJSON(w http.ResponseWriter, status int, v any) {
 func WriteError(w http.ResponseWriter, e *Error) {
 	var b errorBody
 	b.Error.Code, b.Error.Message = e.Code, e.Message
-	WriteJSON(w, e.Status, b)
+	WriteJSON(w, e.Status(), b)
 }
 
 // NotFound and MethodNotAllowed answer a router's misses in the envelope.
 func NotFound(w http.ResponseWriter, _ *http.Request) {
-	WriteError(w, &Error{http.StatusNotFound, CodeNotFound, "no such endpoint"})
+	WriteError(w, Fail(CodeNotFound, "no such endpoint"))
 }
 
 // MethodNotAllowed: see NotFound.
 func MethodNotAllowed(w http.ResponseWriter, _ *http.Request) {
-	WriteError(w, &Error{http.StatusMethodNotAllowed, CodeMethodNotAllowed, "method not allowed"})
+	WriteError(w, Fail(CodeMethodNotAllowed, "method not allowed"))
 }
 
 // TooManyFailures answers a throttled request: 429 with Retry-After.
 func TooManyFailures(w http.ResponseWriter, wait time.Duration) {
 	w.Header().Set("Retry-After", strconv.Itoa(authguard.RetryAfterSeconds(wait)))
-	WriteError(w, &Error{http.StatusTooManyRequests, CodeRateLimited, "too many failed attempts from this address; retry later"})
+	WriteError(w, Fail(CodeRateLimited, "too many failed attempts from this address; retry later"))
 }
 
 // AuthConfig configures an Authenticator.
@@ -145,7 +171,7 @@ func (a *Authenticator) Authenticate(w http.ResponseWriter, r *http.Request) (Ca
 	if !ok || token == "" {
 		a.fails.Failed(source, source)
 		w.Header().Set("WWW-Authenticate", `Bearer realm="xiaoclaw"`)
-		WriteError(w, &Error{http.StatusUnauthorized, CodeUnauthenticated, "a bearer token is required"})
+		WriteError(w, Fail(CodeUnauthenticated, "a bearer token is required"))
 		return Caller{}, false
 	}
 	sum := sha256.Sum256([]byte(token))
@@ -162,11 +188,11 @@ func (a *Authenticator) Authenticate(w http.ResponseWriter, r *http.Request) (Ca
 	case errors.Is(err, access.ErrUnauthenticated):
 		a.fails.Failed(source, source)
 		w.Header().Set("WWW-Authenticate", `Bearer realm="xiaoclaw", error="invalid_token"`)
-		WriteError(w, &Error{http.StatusUnauthorized, CodeUnauthenticated, "invalid, expired or revoked token"})
+		WriteError(w, Fail(CodeUnauthenticated, "invalid, expired or revoked token"))
 		return Caller{}, false
 	case err != nil:
 		a.cfg.Log.Error(a.cfg.Name+" authentication failed", "err", err)
-		WriteError(w, &Error{http.StatusServiceUnavailable, CodeUnavailable, "credentials cannot be checked right now"})
+		WriteError(w, Fail(CodeUnavailable, "credentials cannot be checked right now"))
 		return Caller{}, false
 	}
 	return Caller{Principal: p}, true
