@@ -1,10 +1,8 @@
 package natsconn_test
 
 import (
-	"bytes"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,24 +16,6 @@ import (
 	"github.com/xiaoclaw/xiaoclaw/pkg/telemetry/telemetrytest"
 )
 
-// syncBuffer is a log sink safe for the NATS client's goroutines.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // A subscription that cannot keep up drops messages; the handler counts the
 // slow consumer and logs it with the subject and the drops.
 func TestNATSErrorHandlerCountsSlowConsumer(t *testing.T) {
@@ -45,7 +25,7 @@ func TestNATSErrorHandlerCountsSlowConsumer(t *testing.T) {
 	}
 	t.Cleanup(ns.Shutdown)
 	reg := prometheus.NewRegistry()
-	var logs syncBuffer
+	var logs telemetrytest.LogBuffer
 	onErr, err := natsconn.ErrorHandler(reg, telemetry.LabelShim, slog.New(slog.NewTextHandler(&logs, nil)))
 	if err != nil {
 		t.Fatal(err)
@@ -83,13 +63,9 @@ func TestNATSErrorHandlerCountsSlowConsumer(t *testing.T) {
 	slow := func() float64 {
 		return telemetrytest.MetricValue(t, reg, natsconn.MetricAsyncErrors, "kind", natsconn.KindSlowConsumer)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for slow() < 1 || !strings.Contains(logs.String(), "subject=flood") {
-		if time.Now().After(deadline) {
-			t.Fatalf("slow consumer not reported: count %v, logs %q", slow(), logs.String())
-		}
-		time.Sleep(5 * time.Millisecond) // polling the counter
-	}
+	eventually.Within(t, 10*time.Second, "the slow consumer counted and logged", func() bool {
+		return slow() >= 1 && strings.Contains(logs.String(), "subject=flood")
+	})
 	if !strings.Contains(logs.String(), "kind=slow_consumer") || !strings.Contains(logs.String(), "dropped_total=") {
 		t.Fatalf("log line lacks kind or drops: %q", logs.String())
 	}
@@ -104,7 +80,7 @@ func TestConnectFollowsTheServer(t *testing.T) {
 	}
 	t.Cleanup(ns.Shutdown)
 	reg := prometheus.NewRegistry()
-	var logs syncBuffer
+	var logs telemetrytest.LogBuffer
 	nc, err := natsconn.Connect(reg, ns.ClientURL(), "shim test", telemetry.LabelShim,
 		slog.New(slog.NewTextHandler(&logs, nil)), nats.ReconnectWait(20*time.Millisecond))
 	if err != nil {
