@@ -11,7 +11,7 @@ import (
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/eventually"
 	"github.com/xiaoclaw/xiaoclaw/pkg/natsconn"
-	"github.com/xiaoclaw/xiaoclaw/pkg/natsembed"
+	"github.com/xiaoclaw/xiaoclaw/pkg/natsembed/natsembedtest"
 	"github.com/xiaoclaw/xiaoclaw/pkg/telemetry"
 	"github.com/xiaoclaw/xiaoclaw/pkg/telemetry/telemetrytest"
 )
@@ -19,11 +19,7 @@ import (
 // A subscription that cannot keep up drops messages; the handler counts the
 // slow consumer and logs it with the subject and the drops.
 func TestNATSErrorHandlerCountsSlowConsumer(t *testing.T) {
-	ns, err := natsembed.Start(natsembed.Config{StoreDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(ns.Shutdown)
+	ns := natsembedtest.Start(t)
 	reg := prometheus.NewRegistry()
 	var logs telemetrytest.LogBuffer
 	onErr, err := natsconn.ErrorHandler(reg, telemetry.LabelShim, slog.New(slog.NewTextHandler(&logs, nil)))
@@ -47,11 +43,7 @@ func TestNATSErrorHandlerCountsSlowConsumer(t *testing.T) {
 	if err := nc.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	pub, err := ns.Connect("producer")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pub.Close)
+	pub := natsembedtest.Connect(t, ns, "producer")
 	for range 100 {
 		if err := pub.Publish("flood", []byte("x")); err != nil {
 			t.Fatal(err)
@@ -74,11 +66,7 @@ func TestNATSErrorHandlerCountsSlowConsumer(t *testing.T) {
 // A service's connection logs a server restart and reconnects, and the
 // gauge follows its state.
 func TestConnectFollowsTheServer(t *testing.T) {
-	ns, err := natsembed.Start(natsembed.Config{StoreDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(ns.Shutdown)
+	ns := natsembedtest.Start(t)
 	reg := prometheus.NewRegistry()
 	var logs telemetrytest.LogBuffer
 	nc, err := natsconn.Connect(reg, ns.ClientURL(), "shim test", telemetry.LabelShim,
