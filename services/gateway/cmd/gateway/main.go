@@ -29,6 +29,7 @@ import (
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
 	"github.com/xiaoclaw/xiaoclaw/services/gateway"
 	"github.com/xiaoclaw/xiaoclaw/services/gateway/adminapi"
+	"github.com/xiaoclaw/xiaoclaw/services/gateway/backend"
 	"github.com/xiaoclaw/xiaoclaw/services/gateway/console"
 )
 
@@ -157,16 +158,17 @@ func run(args []string) error {
 			return fmt.Errorf("--jaeger-url: %w", err)
 		}
 	}
-	var be *backend
+	var (
+		be      *backend.Backend
+		runners []func(context.Context) error
+	)
 	if *databaseURL != "" {
-		if be, err = openBackend(ctx, *databaseURL, nc, auth, *adminToken, *auditWriter, reg, log,
-			apiLimits{authFailures: authFails, activationFailures: codeFails, trustedProxies: proxies}); err != nil {
+		if be, runners, err = openBackend(ctx, backend.Config{DatabaseURL: *databaseURL, Static: auth, AdminToken: *adminToken,
+			AuthFailures: authFails, ActivationFailures: codeFails, TrustedProxies: proxies}, nc, *auditWriter, reg, log); err != nil {
 			return err
 		}
-		defer be.close()
-		cfg.Auth, cfg.Authorizer, cfg.Auditor, cfg.AdminAPI = be.auth, be.policy, be.auditor, be.api
-		cfg.ConnectAuditor = be.connects
-		cfg.Limits = be.operators
+		defer be.Close()
+		be.Configure(&cfg)
 	} else {
 		log.Warn("no --database-url: static operator tokens only; no policy store, audit trail or admin API")
 	}
@@ -180,7 +182,7 @@ func run(args []string) error {
 		{Name: "gateway", Run: func(context.Context) error { return svc.CheckReady() }},
 	}
 	if be != nil {
-		checks = append(checks, be.checks()...)
+		checks = append(checks, be.DB.Check())
 	}
 	ops, err := ops.NewServer(ops.Config{Addr: *opsAddr, Gatherer: reg, LogLevel: level, Checks: checks}, log)
 	if err != nil {
@@ -192,7 +194,8 @@ func run(args []string) error {
 	g.Go(func() error { return ops.Run(gctx) })
 	g.Go(func() error { return svc.Run(gctx) })
 	if be != nil {
-		for _, run := range append(be.runners, be.watcherFor(svc)) {
+		// Caches first, then the re-check of live connections.
+		for _, run := range append(runners, be.Watcher(nc, svc).Run) {
 			g.Go(func() error { return run(gctx) })
 		}
 	}
