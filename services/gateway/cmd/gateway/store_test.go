@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/xiaoclaw/xiaoclaw/pkg/eventually"
 	"github.com/xiaoclaw/xiaoclaw/pkg/natsembed"
 	"github.com/xiaoclaw/xiaoclaw/pkg/telemetry"
 	"github.com/xiaoclaw/xiaoclaw/pkg/tenancy"
@@ -74,12 +75,7 @@ func TestBackendExportsDatabaseAndAuditGauges(t *testing.T) {
 		}
 	})
 
-	for !be.DB.Connected() {
-		if ctx.Err() != nil {
-			t.Fatal("the database was never reported reachable")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	eventually.True(t, "the database reported reachable", be.DB.Connected)
 	if check := be.DB.Check(); check.Name != "db" || check.Run(ctx) != nil {
 		t.Fatalf("readiness check %q: want a passing db check", check.Name)
 	}
