@@ -24,7 +24,7 @@ func upstreamCommand(env func(string) string, stdout io.Writer) *cobra.Command {
 	cmd := &cobra.Command{Use: "upstream", Short: "Devices published as nodes on OpenClaw gateways (upstream mode)"}
 	var natsURL string
 	var asJSON bool
-	var creds natsauth.Credentials
+	creds := natsauth.FromEnv(env)
 	status := &cobra.Command{
 		Use:   "status",
 		Short: "State of every device's link to its upstream OpenClaw gateways",
@@ -76,7 +76,7 @@ user and password.`,
 	status.Flags().StringVar(&natsURL, "nats-url", env("XIAOCLAW_NATS_URL"), "NATS server of the deployment (env XIAOCLAW_NATS_URL)")
 	status.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	credFlags := flag.NewFlagSet("nats", flag.ContinueOnError)
-	creds.Register(credFlags, env)
+	creds.Register(credFlags)
 	status.Flags().AddGoFlagSet(credFlags)
 	cmd.AddCommand(status)
 	cmd.AddCommand(admincmd.UpstreamCommands(env)...)

@@ -1,7 +1,8 @@
 // Package natsauth is how a service process authenticates to NATS: the
-// flags every service main registers (each falling back to an environment
-// variable) for a user and password, an nkey seed file or a credentials
-// file, turned into nats.Options. Production NATS gives each service its
+// flags every service main registers for a user and password, an nkey seed
+// file or a credentials file, turned into nats.Options. The mains read the
+// flags' environment variables (XIAOCLAW_NATS_USER for --nats-user, …) the
+// way they read every flag's. Production NATS gives each service its
 // own user with subject permissions (deploy/helm, docs/deploy.md).
 package natsauth
 
@@ -12,7 +13,8 @@ import (
 	"github.com/nats-io/nats.go"
 )
 
-// Environment variables the flags fall back to.
+// Environment variables of the flags (XIAOCLAW_ and the flag name in upper
+// snake case), for clients that fill Credentials from the environment.
 const (
 	EnvUser     = "XIAOCLAW_NATS_USER"
 	EnvPassword = "XIAOCLAW_NATS_PASSWORD"
@@ -34,14 +36,20 @@ type Credentials struct {
 }
 
 // Register adds --nats-user, --nats-password, --nats-nkey-seed and
-// --nats-creds to fs, defaulting to the environment (getenv, e.g.
-// os.Getenv). Prefer the environment or a file for secrets: a flag shows in
-// the process list.
-func (c *Credentials) Register(fs *flag.FlagSet, getenv func(string) string) {
-	fs.StringVar(&c.User, "nats-user", getenv(EnvUser), "NATS user, with --nats-password (env "+EnvUser+")")
-	fs.StringVar(&c.Password, "nats-password", getenv(EnvPassword), "NATS password of --nats-user (env "+EnvPassword+")")
-	fs.StringVar(&c.NKeySeedFile, "nats-nkey-seed", getenv(EnvNKeySeed), "file holding this service's NATS nkey seed (SU…) (env "+EnvNKeySeed+")")
-	fs.StringVar(&c.CredsFile, "nats-creds", getenv(EnvCreds), "NATS credentials file, JWT and seed (env "+EnvCreds+")")
+// --nats-creds to fs, defaulting to c's values. Prefer the environment or a
+// file for secrets: a flag shows in the process list.
+func (c *Credentials) Register(fs *flag.FlagSet) {
+	fs.StringVar(&c.User, "nats-user", c.User, "NATS user, with --nats-password (env "+EnvUser+")")
+	fs.StringVar(&c.Password, "nats-password", c.Password, "NATS password of --nats-user (env "+EnvPassword+")")
+	fs.StringVar(&c.NKeySeedFile, "nats-nkey-seed", c.NKeySeedFile, "file holding this service's NATS nkey seed (SU…) (env "+EnvNKeySeed+")")
+	fs.StringVar(&c.CredsFile, "nats-creds", c.CredsFile, "NATS credentials file, JWT and seed (env "+EnvCreds+")")
+}
+
+// FromEnv returns the credentials the environment names (getenv, e.g.
+// os.Getenv), for a client whose flags do not read it themselves.
+func FromEnv(getenv func(string) string) Credentials {
+	return Credentials{User: getenv(EnvUser), Password: getenv(EnvPassword),
+		NKeySeedFile: getenv(EnvNKeySeed), CredsFile: getenv(EnvCreds)}
 }
 
 // Options returns the nats.Options that present the credentials (with a

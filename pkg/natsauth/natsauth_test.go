@@ -16,9 +16,9 @@ import (
 
 func TestFlagsFallBackToTheEnvironment(t *testing.T) {
 	env := map[string]string{EnvUser: "shim", EnvPassword: "pw"}
-	var c Credentials
+	c := FromEnv(func(k string) string { return env[k] })
 	fs := flag.NewFlagSet("x", flag.ContinueOnError)
-	c.Register(fs, func(k string) string { return env[k] })
+	c.Register(fs)
 	if err := fs.Parse([]string{"--nats-password", "from-flag"}); err != nil {
 		t.Fatal(err)
 	}

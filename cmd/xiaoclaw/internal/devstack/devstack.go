@@ -23,7 +23,6 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/activation"
-	"github.com/xiaoclaw/xiaoclaw/pkg/audit"
 	"github.com/xiaoclaw/xiaoclaw/pkg/natsembed"
 	"github.com/xiaoclaw/xiaoclaw/pkg/ops"
 	"github.com/xiaoclaw/xiaoclaw/pkg/telemetry"
@@ -153,13 +152,12 @@ type Stack struct {
 	// upstreamToken authenticates the upstream workers to the gateway as
 	// the principal upstream:<name>.
 	upstreamToken string
-	// Tenancy is the tenants, credentials and policy store shared by all
-	// replicas (each would open its own in production).
+	// Tenancy is the gateway backend (tenants, credentials, policies and
+	// the audit trail) shared by all replicas (each gateway opens its own in
+	// production); the audit writer and collector run as components.
 	Tenancy *Tenancy
 	// Activations are the devices' activation codes, shared by the hubs.
 	Activations activation.Store
-	// Audit is the audit trail; its writer and collector run as components.
-	Audit *Audit
 	// DB knows whether the tenancy store's database answers: the "db"
 	// readiness check and, with a Registerer, xiaoclaw_db_connected of the
 	// gateway and the devicehub, which share that store here.
@@ -254,10 +252,6 @@ func Start(ctx context.Context, cfg Config) (*Stack, error) {
 		return nil, err
 	}
 	if err := s.watchDatabase(); err != nil {
-		s.Close()
-		return nil, err
-	}
-	if s.Audit, err = openAudit(ctx, cfg, tnc, s.Tenancy, cfg.Log); err != nil {
 		s.Close()
 		return nil, err
 	}
@@ -450,21 +444,14 @@ func (s *Stack) AddUpstream(name string) (*Component, error) {
 // AddGateway starts another gateway replica listening on addr.
 func (s *Stack) AddGateway(name, addr string) (*Component, error) {
 	cfg := gateway.Config{
-		Addr:       addr,
-		Instance:   name,
-		Auth:       s.Tenancy.OperatorAuth,
-		Limits:     s.Tenancy.Operator,
-		Authorizer: s.Tenancy.Policy,
-		Auditor:    s.Audit.Auditor(),
-		AdminAPI:   adminRoutes(s.Tenancy.AdminAPI, s.Audit.API),
-
-		ConnectAuditor: s.Audit.ConnectAuditor(s.cfg.Log),
-
+		Addr:           addr,
+		Instance:       name,
 		Ops:            s.cfg.Ops,
 		Console:        s.cfg.Console,
 		TracerProvider: s.cfg.GatewayTracerProvider,
 		Registerer:     s.cfg.Registerer,
 	}
+	s.Tenancy.Configure(&cfg)
 	if s.cfg.TuneGateway != nil {
 		s.cfg.TuneGateway(&cfg)
 	}
@@ -473,17 +460,14 @@ func (s *Stack) AddGateway(name, addr string) (*Component, error) {
 		if err != nil {
 			return nil, nil, err
 		}
-		return svc, gatewayWithWatcher{svc, s.Tenancy.watcher(nc, s.cfg.Log, svc)}, nil
+		return svc, gatewayWithWatcher{svc, s.Tenancy.Watcher(nc, svc)}, nil
 	}, func(svc *gateway.Service) { s.Gateways = append(s.Gateways, svc) })
 }
 
 // watchDatabase pings the tenancy store's database until Close and, with a
 // Registerer, exports the answer for the services that use it.
 func (s *Stack) watchDatabase() error {
-	db, err := ops.NewDBHealth(ops.DBHealthConfig{Ping: s.Tenancy.Store.DB().PingContext}, s.cfg.Log)
-	if err != nil {
-		return err
-	}
+	db := s.Tenancy.DB
 	if s.cfg.Registerer != nil {
 		for _, service := range []string{telemetry.LabelGateway, telemetry.LabelDevicehub} {
 			if err := db.Register(s.cfg.Registerer, service); err != nil {
@@ -496,37 +480,6 @@ func (s *Stack) watchDatabase() error {
 	s.stopBackground = cancel
 	s.background.Go(func() { _ = db.Run(ctx) })
 	return nil
-}
-
-// startAuditWorkers runs the audit writer (stream → store), with a
-// Registerer the monitor of its backlog and lag, and the collector (device
-// sessions and tenancy changes → stream), each on its own connection.
-func (s *Stack) startAuditWorkers() error {
-	_, err := add(s, "audit-writer", func(nc *nats.Conn) (*audit.Writer, runner, error) {
-		w, err := audit.NewWriter(nc, s.Audit.Store, audit.WriterConfig{}, s.cfg.Log)
-		if err != nil {
-			return nil, nil, err
-		}
-		if s.cfg.Registerer == nil {
-			return w, readyAtOnce(w.Run), nil
-		}
-		lag, err := audit.NewLagMonitor(nc, audit.LagMonitorConfig{Registerer: s.cfg.Registerer}, s.cfg.Log)
-		if err != nil {
-			return nil, nil, err
-		}
-		return w, readyAtOnce(runTogether(w.Run, lag.Run)), nil
-	}, func(*audit.Writer) {})
-	if err != nil {
-		return err
-	}
-	_, err = add(s, "audit-collector", func(nc *nats.Conn) (*audit.Collector, runner, error) {
-		c, err := audit.NewCollector(nc, s.Audit.Publisher, s.cfg.Log)
-		if err != nil {
-			return nil, nil, err
-		}
-		return c, readyAtOnce(c.Run), nil
-	}, func(*audit.Collector) {})
-	return err
 }
 
 // Component returns the running component with that name, or nil.
@@ -571,11 +524,8 @@ func (s *Stack) Close() {
 		s.stopBackground()
 		s.background.Wait()
 	}
-	if s.Audit != nil {
-		s.Audit.close()
-	}
 	if s.Tenancy != nil {
-		s.Tenancy.Store.Close()
+		s.Tenancy.Close()
 	}
 	if s.tenNC != nil {
 		s.tenNC.Close()

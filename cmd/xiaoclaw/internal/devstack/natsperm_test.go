@@ -139,7 +139,7 @@ func TestServicesWorkUnderTheChartsNATSPermissions(t *testing.T) {
 	}
 	deadline := time.Now().Add(waitLimit)
 	for {
-		p, err := st.Audit.Store.Query(context.Background(), audit.Query{Tenant: DevTenant, Kind: audit.KindInvoke})
+		p, err := st.Tenancy.AuditStore.Query(context.Background(), audit.Query{Tenant: DevTenant, Kind: audit.KindInvoke})
 		if err == nil && len(p.Events) > 0 {
 			break
 		}

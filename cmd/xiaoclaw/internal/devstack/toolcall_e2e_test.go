@@ -185,7 +185,7 @@ func auditRow(t *testing.T, st *Stack, tenant, node, key string) audit.Event {
 	t.Helper()
 	deadline := time.Now().Add(waitLimit)
 	for {
-		page, err := st.Audit.Store.Query(context.Background(), audit.Query{Tenant: tenant, Node: node, Kind: audit.KindInvoke, Limit: audit.MaxLimit})
+		page, err := st.Tenancy.AuditStore.Query(context.Background(), audit.Query{Tenant: tenant, Node: node, Kind: audit.KindInvoke, Limit: audit.MaxLimit})
 		if err != nil {
 			t.Fatal(err)
 		}

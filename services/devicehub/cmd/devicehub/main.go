@@ -17,6 +17,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/peterbourgon/ff/v3"
 	"go.opentelemetry.io/otel"
 	"golang.org/x/sync/errgroup"
 
@@ -41,12 +42,18 @@ func main() {
 	}
 }
 
-// tokenList collects --device-token values: TENANT=TOKEN, or a bare TOKEN
-// for tenant "dev".
+// tokenList collects --device-token values, repeated or comma-separated
+// (the form XIAOCLAW_DEVICE_TOKEN takes): TENANT=TOKEN, or a bare TOKEN for
+// tenant "dev".
 type tokenList []string
 
-func (t *tokenList) String() string     { return fmt.Sprintf("%d tokens", len(*t)) }
-func (t *tokenList) Set(v string) error { *t = append(*t, v); return nil }
+func (t *tokenList) String() string { return fmt.Sprintf("%d tokens", len(*t)) }
+func (t *tokenList) Set(v string) error {
+	for one := range strings.SplitSeq(v, ",") {
+		*t = append(*t, strings.TrimSpace(one))
+	}
+	return nil
+}
 
 func (t tokenList) authenticator() (deviceauth.StaticTokens, error) {
 	out := deviceauth.StaticTokens{}
@@ -71,14 +78,14 @@ func run(args []string) error {
 	fs := flag.NewFlagSet("devicehub", flag.ContinueOnError)
 	natsURL := fs.String("nats-url", "nats://127.0.0.1:4222", "NATS server URL")
 	var natsCreds natsauth.Credentials
-	natsCreds.Register(fs, os.Getenv)
+	natsCreds.Register(fs)
 	deviceAddr := fs.String("device-addr", devicehub.DefaultDeviceAddr, "listen address of the device endpoints (WebSocket /xiaozhi/v1/)")
 	opsAddr := fs.String("ops-addr", ":9090", "listen address of /healthz, /readyz, /metrics and /debug/loglevel")
 	var authFails, deviceFails authguard.Config
 	authFails.RegisterFlags(fs, "auth-failure", "device authentications and OTA requests", authguard.Config{})
 	deviceFails.RegisterFlags(fs, "device-auth-failure", "authentications claiming one device id (past it: 429 instead of 401; its right credential still passes)", authguard.Config{})
 	var tokens tokenList
-	fs.Var(&tokens, "device-token", "device bearer token as TENANT=TOKEN, or TOKEN for tenant dev (repeatable; env: comma-separated)")
+	fs.Var(&tokens, "device-token", "device bearer token as TENANT=TOKEN, or TOKEN for tenant dev; repeatable or comma-separated")
 	callTimeout := fs.Duration("call-timeout", devicehub.DefaultCallTimeout, "deadline of one device call when the caller sets none")
 	idleTimeout := fs.Duration("idle-timeout", devicehub.DefaultIdleTimeout, "close a session after this long without frames from the device")
 	withUserTools := fs.Bool("with-user-tools", false, "list the devices' user-only tools too")
@@ -95,10 +102,7 @@ func run(args []string) error {
 	autoActivate := fs.String("auto-activate-tenant", "", "bind every new OTA device to this tenant (empty: operators bind activation codes)")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	logFormat := fs.String("log-format", "json", "json or text")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if err := envFallback(fs); err != nil {
+	if err := ff.Parse(fs, args, ff.WithEnvVarPrefix("XIAOCLAW")); err != nil {
 		return err
 	}
 
@@ -227,33 +231,4 @@ func deviceCredentials(ctx context.Context, nc *nats.Conn, dsn string, static de
 	}
 	c.runners = []func(context.Context) error{tenancy.NewWatcher(nc, tenancy.WatcherConfig{Store: store}, log, keys).Run, db.Run}
 	return c, nil
-}
-
-// envFallback sets every flag not given on the command line from
-// XIAOCLAW_<NAME> (dashes become underscores); --device-token takes a
-// comma-separated list.
-func envFallback(fs *flag.FlagSet) error {
-	set := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	var err error
-	fs.VisitAll(func(f *flag.Flag) {
-		if set[f.Name] || err != nil {
-			return
-		}
-		v, ok := os.LookupEnv("XIAOCLAW_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_")))
-		if !ok {
-			return
-		}
-		values := []string{v}
-		if f.Name == "device-token" {
-			values = strings.Split(v, ",")
-		}
-		for _, one := range values {
-			if e := f.Value.Set(strings.TrimSpace(one)); e != nil {
-				err = fmt.Errorf("environment for --%s: %w", f.Name, e)
-				return
-			}
-		}
-	})
-	return err
 }

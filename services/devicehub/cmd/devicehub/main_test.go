@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -85,4 +86,22 @@ func dbConnected(t *testing.T, reg prometheus.Gatherer) float64 {
 	}
 	t.Fatal(`no xiaoclaw_db_connected{service="devicehub"}`)
 	return 0
+}
+
+// Every flag falls back to XIAOCLAW_<FLAG>, typed like the flag, and
+// XIAOCLAW_DEVICE_TOKEN takes a comma-separated list.
+func TestRunReadsFlagsFromTheEnvironment(t *testing.T) {
+	for _, c := range []struct{ name, value, want string }{
+		{"XIAOCLAW_DEVICE_TOKEN", "dev=t1, Bad.Tenant=t2", "--device-token"},
+		{"XIAOCLAW_NOTIFY_BURST", "lots", "XIAOCLAW_NOTIFY_BURST"},
+		{"XIAOCLAW_CALL_TIMEOUT", "soon", "XIAOCLAW_CALL_TIMEOUT"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Setenv(c.name, c.value)
+			err := run([]string{"--nats-url", "nats://127.0.0.1:1"})
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("%s=%s: %v, want an error with %q", c.name, c.value, err, c.want)
+			}
+		})
+	}
 }

@@ -1,5 +1,7 @@
 // Command gateway runs one xiaoclaw gateway replica: the OpenClaw-compatible
-// WebSocket gateway for operators and OpenClaw node hosts.
+// WebSocket gateway for operators and OpenClaw node hosts. Every flag falls
+// back to an environment variable XIAOCLAW_<FLAG> (for example
+// XIAOCLAW_MAX_PAYLOAD for --max-payload).
 package main
 
 import (
@@ -9,12 +11,12 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/peterbourgon/ff/v3"
 	"go.opentelemetry.io/otel"
 	"golang.org/x/sync/errgroup"
 
@@ -27,6 +29,7 @@ import (
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
 	"github.com/xiaoclaw/xiaoclaw/services/gateway"
 	"github.com/xiaoclaw/xiaoclaw/services/gateway/adminapi"
+	"github.com/xiaoclaw/xiaoclaw/services/gateway/backend"
 	"github.com/xiaoclaw/xiaoclaw/services/gateway/console"
 )
 
@@ -40,82 +43,54 @@ func main() {
 	}
 }
 
-// tokenList collects repeated --operator-token values.
+// tokenList collects --operator-token values, repeated or comma-separated
+// (the form XIAOCLAW_OPERATOR_TOKEN takes).
 type tokenList []string
 
 func (t *tokenList) String() string { return strings.Join(*t, ",") }
 func (t *tokenList) Set(v string) error {
-	*t = append(*t, v)
+	*t = append(*t, strings.Split(v, ",")...)
 	return nil
 }
 
-func env(name, def string) string {
-	if v, ok := os.LookupEnv("XIAOCLAW_" + name); ok && v != "" {
-		return v
-	}
-	return def
-}
-
-// flagsFromEnv sets each named flag not given on the command line from
-// XIAOCLAW_<NAME> (upper case, "-" as "_"), when that is set.
-func flagsFromEnv(fs *flag.FlagSet, names ...string) error {
-	given := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
-	for _, name := range names {
-		key := strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
-		if v := env(key, ""); v != "" && !given[name] {
-			if err := fs.Set(name, v); err != nil {
-				return fmt.Errorf("XIAOCLAW_%s: %w", key, err)
-			}
-		}
-	}
-	return nil
-}
-
+// run parses the flags, each falling back to XIAOCLAW_<FLAG> (upper case,
+// "-" as "_"), and serves until SIGINT or SIGTERM.
 func run(args []string) error {
 	host, _ := os.Hostname()
 	fs := flag.NewFlagSet("gateway", flag.ContinueOnError)
-	natsURL := fs.String("nats-url", env("NATS_URL", nats.DefaultURL), "NATS server URL (env XIAOCLAW_NATS_URL)")
+	natsURL := fs.String("nats-url", nats.DefaultURL, "NATS server URL")
 	var natsCreds natsauth.Credentials
-	natsCreds.Register(fs, os.Getenv)
-	addr := fs.String("addr", env("ADDR", "127.0.0.1:18789"), "WebSocket listen address (env XIAOCLAW_ADDR)")
-	opsAddr := fs.String("ops-addr", env("OPS_ADDR", ":9090"), "ops listen address for /healthz, /readyz, /metrics and /debug/loglevel (env XIAOCLAW_OPS_ADDR)")
-	instance := fs.String("instance", env("INSTANCE", host), "replica name, stable across restarts (env XIAOCLAW_INSTANCE)")
-	logLevel := fs.String("log-level", env("LOG_LEVEL", "info"), "debug, info, warn or error (env XIAOCLAW_LOG_LEVEL)")
-	logFormat := fs.String("log-format", env("LOG_FORMAT", "json"), "json or text (env XIAOCLAW_LOG_FORMAT)")
+	natsCreds.Register(fs)
+	addr := fs.String("addr", "127.0.0.1:18789", "WebSocket listen address")
+	opsAddr := fs.String("ops-addr", ":9090", "ops listen address for /healthz, /readyz, /metrics and /debug/loglevel")
+	instance := fs.String("instance", host, "replica name, stable across restarts")
+	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	logFormat := fs.String("log-format", "json", "json or text")
 	handshake := fs.Duration("handshake-timeout", 15*time.Second, "close sockets that do not complete connect in time")
 	maxInvoke := fs.Duration("max-invoke-timeout", 300*time.Second, "cap of any node.invoke timeoutMs")
-	mcpOn := fs.Bool("mcp", env("MCP", "true") == "true", "serve the tenant's device tools as an MCP server at /mcp (env XIAOCLAW_MCP)")
+	mcpOn := fs.Bool("mcp", true, "serve the tenant's device tools as an MCP server at /mcp")
 	mcpPage := fs.Int("mcp-page-size", 100, "tools per MCP tools/list page")
 	mcpIdle := fs.Duration("mcp-session-timeout", 30*time.Minute, "end an MCP session idle for this long")
-	idemTTL := fs.String("idempotency-ttl", env("IDEMPOTENCY_TTL", "5m"), "how long a node.invoke idempotency key is remembered (env XIAOCLAW_IDEMPOTENCY_TTL)")
-	idemReplicas := fs.String("idempotency-replicas", env("IDEMPOTENCY_REPLICAS", "1"), "replicas of the idempotency KV bucket in a NATS cluster; 3 in production (env XIAOCLAW_IDEMPOTENCY_REPLICAS)")
-	maxPayload := fs.Int64("max-payload", gateway.DefaultMaxPayload, "cap of one frame after hello in bytes, advertised as policy.maxPayload (env XIAOCLAW_MAX_PAYLOAD)")
-	maxParams := fs.Int("max-invoke-params", gateway.DefaultMaxInvokeParams, "cap of node.invoke params (a tool call's arguments) in bytes (env XIAOCLAW_MAX_INVOKE_PARAMS)")
-	maxPerToken := fs.Int("max-conns-per-token", gateway.DefaultMaxConnsPerToken, "cap of connections per token on this replica (env XIAOCLAW_MAX_CONNS_PER_TOKEN)")
-	maxPerTenant := fs.Int("max-conns-per-tenant", gateway.DefaultMaxConnsPerTenant, "cap of connections per tenant on this replica (env XIAOCLAW_MAX_CONNS_PER_TENANT)")
-	maxInflight := fs.Int("max-inflight-per-conn", gateway.DefaultMaxInflightPerConn, "cap of requests in flight per connection (env XIAOCLAW_MAX_INFLIGHT_PER_CONN)")
-	databaseURL := fs.String("database-url", env("DATABASE_URL", ""), "Postgres URL: tenants, operator tokens, policies, audit trail, admin API (env XIAOCLAW_DATABASE_URL)")
-	adminToken := fs.String("admin-token", env("ADMIN_TOKEN", ""), "global admin token of the admin API, at least 16 characters (env XIAOCLAW_ADMIN_TOKEN)")
-	jaegerURL := fs.String("jaeger-url", env("JAEGER_URL", ""), "Jaeger UI base URL the console at /ui/ links traces to (env XIAOCLAW_JAEGER_URL)")
-	noConsole := fs.Bool("no-console", env("NO_CONSOLE", "") == "true", "do not serve the operator console at /ui/ (env XIAOCLAW_NO_CONSOLE)")
-	auditWriter := fs.Bool("audit-writer", env("AUDIT_WRITER", "true") == "true", "also run the audit writer (stream → Postgres) in this process (env XIAOCLAW_AUDIT_WRITER)")
+	ttl := fs.Duration("idempotency-ttl", 5*time.Minute, "how long a node.invoke idempotency key is remembered (at least 1s)")
+	replicas := fs.Int("idempotency-replicas", 1, "replicas of the idempotency KV bucket in a NATS cluster, 1 to 5; 3 in production")
+	maxPayload := fs.Int64("max-payload", gateway.DefaultMaxPayload, "cap of one frame after hello in bytes, advertised as policy.maxPayload")
+	maxParams := fs.Int("max-invoke-params", gateway.DefaultMaxInvokeParams, "cap of node.invoke params (a tool call's arguments) in bytes")
+	maxPerToken := fs.Int("max-conns-per-token", gateway.DefaultMaxConnsPerToken, "cap of connections per token on this replica")
+	maxPerTenant := fs.Int("max-conns-per-tenant", gateway.DefaultMaxConnsPerTenant, "cap of connections per tenant on this replica")
+	maxInflight := fs.Int("max-inflight-per-conn", gateway.DefaultMaxInflightPerConn, "cap of requests in flight per connection")
+	databaseURL := fs.String("database-url", "", "Postgres URL: tenants, operator tokens, policies, audit trail, admin API")
+	adminToken := fs.String("admin-token", "", "global admin token of the admin API, at least 16 characters")
+	jaegerURL := fs.String("jaeger-url", "", "Jaeger UI base URL the console at /ui/ links traces to")
+	noConsole := fs.Bool("no-console", false, "do not serve the operator console at /ui/")
+	auditWriter := fs.Bool("audit-writer", true, "also run the audit writer (stream → Postgres) in this process")
 	var authFails, codeFails authguard.Config
 	authFails.RegisterFlags(fs, "auth-failure", "authentications (operator connect, admin and audit APIs)", authguard.Config{})
 	codeFails.RegisterFlags(fs, "activation-failure", "activation codes (per tenant and per source)", adminapi.DefaultActivationFailures)
-	trustedProxies := fs.String("trusted-proxies", env("TRUSTED_PROXIES", ""), "reverse proxies (CIDRs or addresses, comma-separated) whose X-Forwarded-For names the client whose failures are throttled (env XIAOCLAW_TRUSTED_PROXIES)")
+	trustedProxies := fs.String("trusted-proxies", "", "reverse proxies (CIDRs or addresses, comma-separated) whose X-Forwarded-For names the client whose failures are throttled")
 	var tokens tokenList
-	fs.Var(&tokens, "operator-token", "static operator token TENANT=TOKEN or TENANT:ROLE=TOKEN (role admin, operator or viewer; default admin); repeatable (env XIAOCLAW_OPERATOR_TOKEN, comma-separated)")
-	if err := fs.Parse(args); err != nil {
+	fs.Var(&tokens, "operator-token", "static operator token TENANT=TOKEN or TENANT:ROLE=TOKEN (role admin, operator or viewer; default admin); repeatable or comma-separated")
+	if err := ff.Parse(fs, args, ff.WithEnvVarPrefix("XIAOCLAW")); err != nil {
 		return err
-	}
-	if err := flagsFromEnv(fs, "max-payload", "max-invoke-params", "max-conns-per-token", "max-conns-per-tenant", "max-inflight-per-conn"); err != nil {
-		return err
-	}
-	if len(tokens) == 0 {
-		if v := env("OPERATOR_TOKEN", ""); v != "" {
-			tokens = strings.Split(v, ",")
-		}
 	}
 
 	proxies, err := authguard.ParsePrefixes(*trustedProxies)
@@ -126,13 +101,11 @@ func run(args []string) error {
 	if err != nil {
 		return err
 	}
-	ttl, err := time.ParseDuration(*idemTTL)
-	if err != nil || ttl < time.Second {
-		return fmt.Errorf("--idempotency-ttl %q: want a duration of at least 1s", *idemTTL)
+	if *ttl < time.Second {
+		return fmt.Errorf("--idempotency-ttl %s: want at least 1s", *ttl)
 	}
-	replicas, err := strconv.Atoi(*idemReplicas)
-	if err != nil || replicas < 1 || replicas > 5 {
-		return fmt.Errorf("--idempotency-replicas %q: want 1 to 5", *idemReplicas)
+	if *replicas < 1 || *replicas > 5 {
+		return fmt.Errorf("--idempotency-replicas %d: want 1 to 5", *replicas)
 	}
 	if len(auth) == 0 && *databaseURL == "" {
 		return errors.New("no operator credentials: pass --database-url (tokens from the tenancy store) or --operator-token TENANT=TOKEN")
@@ -174,8 +147,8 @@ func run(args []string) error {
 		MaxConnsPerToken:    *maxPerToken,
 		MaxConnsPerTenant:   *maxPerTenant,
 		MaxInflightPerConn:  *maxInflight,
-		IdempotencyTTL:      ttl,
-		IdempotencyReplicas: replicas,
+		IdempotencyTTL:      *ttl,
+		IdempotencyReplicas: *replicas,
 		TracerProvider:      tp,
 		Registerer:          reg,
 		MCP:                 gateway.MCPConfig{Disabled: !*mcpOn, PageSize: *mcpPage, SessionTimeout: *mcpIdle},
@@ -185,16 +158,17 @@ func run(args []string) error {
 			return fmt.Errorf("--jaeger-url: %w", err)
 		}
 	}
-	var be *backend
+	var (
+		be      *backend.Backend
+		runners []func(context.Context) error
+	)
 	if *databaseURL != "" {
-		if be, err = openBackend(ctx, *databaseURL, nc, auth, *adminToken, *auditWriter, reg, log,
-			apiLimits{authFailures: authFails, activationFailures: codeFails, trustedProxies: proxies}); err != nil {
+		if be, runners, err = openBackend(ctx, backend.Config{DatabaseURL: *databaseURL, Static: auth, AdminToken: *adminToken,
+			AuthFailures: authFails, ActivationFailures: codeFails, TrustedProxies: proxies}, nc, *auditWriter, reg, log); err != nil {
 			return err
 		}
-		defer be.close()
-		cfg.Auth, cfg.Authorizer, cfg.Auditor, cfg.AdminAPI = be.auth, be.policy, be.auditor, be.api
-		cfg.ConnectAuditor = be.connects
-		cfg.Limits = be.operators
+		defer be.Close()
+		be.Configure(&cfg)
 	} else {
 		log.Warn("no --database-url: static operator tokens only; no policy store, audit trail or admin API")
 	}
@@ -208,7 +182,7 @@ func run(args []string) error {
 		{Name: "gateway", Run: func(context.Context) error { return svc.CheckReady() }},
 	}
 	if be != nil {
-		checks = append(checks, be.checks()...)
+		checks = append(checks, be.DB.Check())
 	}
 	ops, err := ops.NewServer(ops.Config{Addr: *opsAddr, Gatherer: reg, LogLevel: level, Checks: checks}, log)
 	if err != nil {
@@ -220,7 +194,8 @@ func run(args []string) error {
 	g.Go(func() error { return ops.Run(gctx) })
 	g.Go(func() error { return svc.Run(gctx) })
 	if be != nil {
-		for _, run := range append(be.runners, be.watcherFor(svc)) {
+		// Caches first, then the re-check of live connections.
+		for _, run := range append(runners, be.Watcher(nc, svc).Run) {
 			g.Go(func() error { return run(gctx) })
 		}
 	}

@@ -11,9 +11,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/xiaoclaw/xiaoclaw/pkg/eventually"
 	"github.com/xiaoclaw/xiaoclaw/pkg/natsembed"
 	"github.com/xiaoclaw/xiaoclaw/pkg/telemetry"
 	"github.com/xiaoclaw/xiaoclaw/pkg/tenancy"
+	"github.com/xiaoclaw/xiaoclaw/services/gateway/backend"
 )
 
 // freshDatabase creates a database on the local test server (or
@@ -57,13 +59,13 @@ func TestBackendExportsDatabaseAndAuditGauges(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	reg := telemetry.NewRegistry()
-	be, err := openBackend(ctx, dsn, nc, nil, "", true, reg, slog.New(slog.DiscardHandler), apiLimits{})
+	be, runners, err := openBackend(ctx, backend.Config{DatabaseURL: dsn}, nc, true, reg, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(be.close)
+	t.Cleanup(be.Close)
 	g, gctx := errgroup.WithContext(ctx)
-	for _, run := range be.runners {
+	for _, run := range runners {
 		g.Go(func() error { return run(gctx) })
 	}
 	t.Cleanup(func() {
@@ -73,15 +75,9 @@ func TestBackendExportsDatabaseAndAuditGauges(t *testing.T) {
 		}
 	})
 
-	for !be.db.Connected() {
-		if ctx.Err() != nil {
-			t.Fatal("the database was never reported reachable")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	checks := be.checks()
-	if len(checks) != 1 || checks[0].Name != "db" || checks[0].Run(ctx) != nil {
-		t.Fatalf("readiness checks %+v: want one passing db check", checks)
+	eventually.True(t, "the database reported reachable", be.DB.Connected)
+	if check := be.DB.Check(); check.Name != "db" || check.Run(ctx) != nil {
+		t.Fatalf("readiness check %q: want a passing db check", check.Name)
 	}
 	for name, want := range map[string]int{
 		telemetry.MetricDBConnected: 1, telemetry.MetricAuditBacklog: 1, telemetry.MetricAuditLag: 1,

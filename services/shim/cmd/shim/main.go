@@ -11,12 +11,11 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/peterbourgon/ff/v3"
 	"go.opentelemetry.io/otel"
 	"golang.org/x/sync/errgroup"
 
@@ -40,60 +39,35 @@ func main() {
 	}
 }
 
-// env returns XIAOCLAW_<NAME> (dashes become underscores) or def.
-func env(name, def string) string {
-	if v, ok := os.LookupEnv("XIAOCLAW_" + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))); ok {
-		return v
-	}
-	return def
-}
-
 // run serves until ctx is done (main cancels it on SIGINT or SIGTERM).
 func run(ctx context.Context, args []string, stderr io.Writer) error {
 	host, _ := os.Hostname()
 	fs := flag.NewFlagSet("shim", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	natsURL := fs.String("nats-url", env("nats-url", nats.DefaultURL), "NATS server URL")
+	natsURL := fs.String("nats-url", nats.DefaultURL, "NATS server URL")
 	var natsCreds natsauth.Credentials
-	natsCreds.Register(fs, os.Getenv)
-	opsAddr := fs.String("ops-addr", env("ops-addr", ":9090"), "listen address of /healthz, /readyz, /metrics and /debug/loglevel")
-	instance := fs.String("instance", env("instance", host), "replica name in logs and NATS")
-	logLevel := fs.String("log-level", env("log-level", "info"), "debug, info, warn or error")
-	logFormat := fs.String("log-format", env("log-format", "json"), "json or text")
-	defTimeout := fs.String("default-timeout", env("default-timeout", "15s"), "deadline of an invoke that carries none")
-	hubTimeout := fs.String("hub-timeout", env("hub-timeout", shim.DefaultHubTimeout.String()),
+	natsCreds.Register(fs)
+	opsAddr := fs.String("ops-addr", ":9090", "listen address of /healthz, /readyz, /metrics and /debug/loglevel")
+	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	logFormat := fs.String("log-format", "json", "json or text")
+	cfg := shim.Config{}
+	fs.StringVar(&cfg.Instance, "instance", host, "replica name in logs and NATS")
+	fs.DurationVar(&cfg.DefaultTimeout, "default-timeout", 15*time.Second, "deadline of an invoke that carries none")
+	fs.DurationVar(&cfg.HubTimeout, "hub-timeout", shim.DefaultHubTimeout,
 		"mark the devices of a devicehub disconnected after this long without its heartbeat; negative: never")
-	maxInFlight := fs.String("max-inflight", env("max-inflight", "10000"), "invokes the replica runs at once; more fail with BUSY")
-	tenantInFlight := fs.String("tenant-max-inflight", env("tenant-max-inflight", "0"), "a tenant's default share: its invokes the replica runs at once, more fail with RATE_LIMITED; 0: a tenth of --max-inflight. The tenant record's limit replaces it")
-	deviceInFlight := fs.String("device-max-inflight", env("device-max-inflight", "32"), "a tenant's default share per device: invokes to one device the replica runs at once, more fail with BUSY. The tenant record's limit replaces it")
+	fs.IntVar(&cfg.MaxInFlight, "max-inflight", 10000, "invokes the replica runs at once; more fail with BUSY")
+	fs.IntVar(&cfg.TenantMaxInFlight, "tenant-max-inflight", 0, "a tenant's default share: its invokes the replica runs at once, more fail with RATE_LIMITED; 0: a tenth of --max-inflight. The tenant record's limit replaces it")
+	fs.IntVar(&cfg.DeviceMaxInFlight, "device-max-inflight", 32, "a tenant's default share per device: invokes to one device the replica runs at once, more fail with BUSY. The tenant record's limit replaces it")
 	upFlags := addUpstreamFlags(fs)
-	if err := fs.Parse(args); err != nil {
+	if err := ff.Parse(fs, args, ff.WithEnvVarPrefix("XIAOCLAW")); err != nil {
 		return err
-	}
-	timeout, err := time.ParseDuration(*defTimeout)
-	if err != nil {
-		return fmt.Errorf("--default-timeout: %w", err)
-	}
-	hubTO, err := time.ParseDuration(*hubTimeout)
-	if err != nil {
-		return fmt.Errorf("--hub-timeout: %w", err)
-	}
-	cfg := shim.Config{Instance: *instance, DefaultTimeout: timeout, HubTimeout: hubTO}
-	for _, l := range []struct {
-		flag string
-		v    string
-		dst  *int
-	}{{"max-inflight", *maxInFlight, &cfg.MaxInFlight}, {"tenant-max-inflight", *tenantInFlight, &cfg.TenantMaxInFlight}, {"device-max-inflight", *deviceInFlight, &cfg.DeviceMaxInFlight}} {
-		if *l.dst, err = strconv.Atoi(l.v); err != nil {
-			return fmt.Errorf("--%s: %q is not a number", l.flag, l.v)
-		}
 	}
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
 
 	proc, err := telemetry.StartProcess(ctx, telemetry.ProcessConfig{Service: telemetry.ServiceShim,
-		Instance: *instance, Version: version, LogLevel: *logLevel, LogFormat: *logFormat, Stderr: stderr})
+		Instance: cfg.Instance, Version: version, LogLevel: *logLevel, LogFormat: *logFormat, Stderr: stderr})
 	if err != nil {
 		return err
 	}
@@ -105,7 +79,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	nc, err := natsconn.Connect(proc.Registry, *natsURL, "shim "+*instance, telemetry.LabelShim, log, natsOpts...)
+	nc, err := natsconn.Connect(proc.Registry, *natsURL, "shim "+cfg.Instance, telemetry.LabelShim, log, natsOpts...)
 	if err != nil {
 		return err
 	}
@@ -116,7 +90,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	up, upInvoker, err := upFlags.service(*instance, nc, log)
+	up, upInvoker, err := upFlags.service(cfg.Instance, nc, log)
 	if err != nil {
 		return err
 	}

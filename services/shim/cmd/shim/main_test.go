@@ -163,3 +163,23 @@ func TestRunRejectsBadFlags(t *testing.T) {
 		}
 	}
 }
+
+// Every flag falls back to XIAOCLAW_<FLAG>, typed like the flag; the
+// command line wins over the environment.
+func TestRunReadsFlagsFromTheEnvironment(t *testing.T) {
+	t.Setenv("XIAOCLAW_MAX_INFLIGHT", "many")
+	err := run(context.Background(), nil, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "XIAOCLAW_MAX_INFLIGHT") {
+		t.Fatalf("XIAOCLAW_MAX_INFLIGHT=many: %v, want an error naming the variable", err)
+	}
+	t.Setenv("XIAOCLAW_MAX_INFLIGHT", "")
+	t.Setenv("XIAOCLAW_DEFAULT_TIMEOUT", "10m") // above the cap Validate enforces
+	if err := run(context.Background(), nil, io.Discard); err == nil {
+		t.Fatal("XIAOCLAW_DEFAULT_TIMEOUT=10m accepted")
+	}
+	// The flag wins; the run then fails at --log-format, past the timeouts.
+	err = run(context.Background(), []string{"--default-timeout", "5s", "--log-format", "xml"}, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "xml") {
+		t.Fatalf("--default-timeout 5s over XIAOCLAW_DEFAULT_TIMEOUT=10m: %v, want the log format error", err)
+	}
+}

@@ -19,13 +19,13 @@ type upstreamFlags struct {
 
 func addUpstreamFlags(fs *flag.FlagSet) upstreamFlags {
 	return upstreamFlags{
-		tenant: fs.String("upstream-tenant", env("upstream-tenant", ""), "tenant whose devices are published upstream"),
-		name:   fs.String("upstream-name", env("upstream-name", "openclaw"), "name of the upstream"),
-		url:    fs.String("upstream-url", env("upstream-url", ""), "OpenClaw gateway to publish the devices to (empty: no upstream mode)"),
-		token: fs.String("upstream-token", env("upstream-token", ""),
+		tenant: fs.String("upstream-tenant", "", "tenant whose devices are published upstream"),
+		name:   fs.String("upstream-name", "openclaw", "name of the upstream"),
+		url:    fs.String("upstream-url", "", "OpenClaw gateway to publish the devices to (empty: no upstream mode)"),
+		token: fs.String("upstream-token", "",
 			"that OpenClaw gateway's token (prefer the env XIAOCLAW_UPSTREAM_TOKEN)"),
-		gatewayURL: fs.String("gateway-url", env("gateway-url", ""), "xiaoclaw gateway the upstream's calls go through, ws://…"),
-		callerToken: fs.String("upstream-caller-token", env("upstream-caller-token", ""),
+		gatewayURL: fs.String("gateway-url", "", "xiaoclaw gateway the upstream's calls go through, ws://…"),
+		callerToken: fs.String("upstream-caller-token", "",
 			"xiaoclaw operator token of the tenant the upstream's calls run as (prefer the env XIAOCLAW_UPSTREAM_CALLER_TOKEN)"),
 	}
 }
