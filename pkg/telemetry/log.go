@@ -106,15 +106,18 @@ func (h *handler) Handle(ctx context.Context, r slog.Record) error {
 	if ca, ok := ctx.Value(logAttrsKey{}).([]slog.Attr); ok {
 		nr.AddAttrs(ca...)
 	}
+	if len(h.groups) == 0 {
+		r.Attrs(func(a slog.Attr) bool {
+			nr.AddAttrs(a)
+			return true
+		})
+		return h.inner.Handle(ctx, nr)
+	}
 	leaf := make([]slog.Attr, 0, r.NumAttrs())
 	r.Attrs(func(a slog.Attr) bool {
 		leaf = append(leaf, a)
 		return true
 	})
-	if len(h.groups) == 0 {
-		nr.AddAttrs(leaf...)
-		return h.inner.Handle(ctx, nr)
-	}
 	for i := len(h.groups) - 1; i >= 0; i-- {
 		g := h.groups[i]
 		content := append(slices.Clip(g.attrs), leaf...)
@@ -197,6 +200,13 @@ func redact(groups []string, a slog.Attr) slog.Attr {
 		}
 	case slog.KindAny:
 		switch x := v.Any().(type) {
+		case slog.Level:
+			// With a ReplaceAttr, slog's JSON handler writes the level
+			// through encoding/json, an allocation a line; as a string the
+			// same text is written directly.
+			if a.Key == slog.LevelKey && len(groups) == 0 {
+				return slog.String(a.Key, x.String())
+			}
 		case error:
 			s := x.Error()
 			if r := Scrub(s); r != s {
