@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/access"
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
@@ -107,6 +108,9 @@ type Config struct {
 	// MaxRequestBytes caps an HTTP request body; larger answers 413.
 	// Default 1 MiB.
 	MaxRequestBytes int64
+	// MaxSessionsPerPrincipal caps the sessions a token has open (on every
+	// replica, when sessions are shared); one more answers 429. Default 100.
+	MaxSessionsPerPrincipal int
 	// NotifyDelay collects the node changes of a tenant for that long
 	// before sessions hear tools/list_changed. Default 100 ms.
 	NotifyDelay time.Duration
@@ -126,8 +130,12 @@ type Server struct {
 	sdk      *mcp.StreamableHTTPHandler
 	base     *mcp.Server // answers the SDK's per-request protocol version check
 
+	// store holds the sessions' records for every replica (ShareSessions);
+	// nil: sessions stay on this replica. Set before serving.
+	store jetstream.KeyValue
+
 	mu       sync.Mutex
-	sessions map[string]*session              // by Mcp-Session-Id, once initialized
+	sessions map[string]*session              // by Mcp-Session-Id, once initialized or restored
 	byTenant map[string]map[*session]struct{} // for list_changed
 
 	notify *notifier
@@ -146,6 +154,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.MaxRequestBytes <= 0 {
 		cfg.MaxRequestBytes = 1 << 20
+	}
+	if cfg.MaxSessionsPerPrincipal <= 0 {
+		cfg.MaxSessionsPerPrincipal = 100
 	}
 	if cfg.NotifyDelay <= 0 {
 		cfg.NotifyDelay = 100 * time.Millisecond
@@ -259,14 +270,31 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if id := r.Header.Get("Mcp-Session-Id"); id != "" {
-		s.mu.Lock()
-		sess := s.sessions[id]
-		s.mu.Unlock()
-		// Another principal's session, or one begun on another path, is
-		// one this request cannot name.
-		if sess != nil && (sess.principal != p || sess.scope != sc) {
+		sess, err := s.lookup(r.Context(), id, p, sc)
+		switch {
+		case errors.Is(err, errNoSession):
+			// Unknown, ended, or one this request cannot name: another
+			// principal's session, or one begun on another path. 404 tells
+			// the client to initialize a new one.
 			http.Error(w, "session not found", http.StatusNotFound)
 			return
+		case err != nil:
+			s.log.Warn("mcp: session lookup", "err", err)
+			w.Header().Set("Retry-After", "1")
+			http.Error(w, "MCP sessions unavailable; retry", http.StatusServiceUnavailable)
+			return
+		}
+		sess.touch()
+		if sess.restored {
+			s.serveCopy(w, r, sess)
+			return
+		}
+		if r.Method == http.MethodDelete {
+			if err := s.forget(r.Context(), sess); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+				s.log.Warn("mcp: delete session record", "err", err)
+				http.Error(w, "MCP sessions unavailable; retry", http.StatusServiceUnavailable)
+				return
+			}
 		}
 	} else if r.Method == http.MethodPost {
 		switch sc.kind {
@@ -283,6 +311,16 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				http.Error(w, "unknown group", http.StatusNotFound)
 				return
 			}
+		}
+		if n, err := s.sessionsOf(r.Context(), p); err != nil {
+			s.log.Warn("mcp: count sessions", "err", err)
+			w.Header().Set("Retry-After", "1")
+			http.Error(w, "MCP sessions unavailable; retry", http.StatusServiceUnavailable)
+			return
+		} else if n >= s.cfg.MaxSessionsPerPrincipal {
+			http.Error(w, "too many MCP sessions open for this token (limit "+strconv.Itoa(s.cfg.MaxSessionsPerPrincipal)+
+				"): end unused ones with DELETE, or wait until they expire", http.StatusTooManyRequests)
+			return
 		}
 	}
 	ctx := context.WithValue(r.Context(), reqKey{}, &reqInfo{principal: p, scope: sc})
