@@ -77,3 +77,22 @@ func BenchmarkToolsList(b *testing.B) {
 		perPage(b)
 	})
 }
+
+// BenchmarkToolCall measures one tools/call through Streamable HTTP with
+// the Go SDK client against an invoker that answers at once: the MCP
+// layer's own cost (HTTP, the SDKs' JSON-RPC, this package) without the
+// invoke path. local: the session on the replica that opened it; restored:
+// on a replica that restored it from the shared bucket.
+func BenchmarkToolCall(b *testing.B) {
+	h := newHarness(b, Config{})
+	h.nodes.set(device("acme", "xz-1", "Kitchen speaker", "self.get_device_status"))
+	cs := h.connect("op-a", "/mcp/nodes/xz-1", nil)
+	ctx := context.Background()
+	params := &mcp.CallToolParams{Name: "self.get_device_status", Arguments: map[string]any{}}
+	b.ReportAllocs()
+	for b.Loop() {
+		if res, err := cs.CallTool(ctx, params); err != nil || res.IsError {
+			b.Fatal(err, res)
+		}
+	}
+}

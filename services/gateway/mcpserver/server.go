@@ -179,6 +179,7 @@ func New(cfg Config) (*Server, error) {
 		// The gateway is reached by its clients under any host name; a
 		// bearer token is required for every request instead.
 		DisableLocalhostProtection: true,
+		JSONResponse:               true,
 	})
 	return s, nil
 }
@@ -333,7 +334,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func (s *Server) authenticate(w http.ResponseWriter, r *http.Request) (access.Principal, bool) {
 	scheme, token, _ := strings.Cut(r.Header.Get("Authorization"), " ")
 	token = strings.TrimSpace(token)
-	challenge := `Bearer realm="xiaoclaw", resource_metadata="` + baseURL(r) + ProtectedResourcePath + `"`
+	challenge := func() string {
+		return `Bearer realm="xiaoclaw", resource_metadata="` + baseURL(r) + ProtectedResourcePath + `"`
+	}
 	if s.cfg.Throttle != nil {
 		if wait := s.cfg.Throttle.RetryAfter(r); wait > 0 {
 			w.Header().Set("Retry-After", strconv.Itoa(int((wait+time.Second-1)/time.Second)))
@@ -343,7 +346,7 @@ func (s *Server) authenticate(w http.ResponseWriter, r *http.Request) (access.Pr
 	}
 	if !strings.EqualFold(scheme, "Bearer") || token == "" {
 		s.failed(r, true)
-		w.Header().Set("WWW-Authenticate", challenge)
+		w.Header().Set("WWW-Authenticate", challenge())
 		http.Error(w, "missing bearer token: send Authorization: Bearer <operator token>", http.StatusUnauthorized)
 		return access.Principal{}, false
 	}
@@ -353,7 +356,7 @@ func (s *Server) authenticate(w http.ResponseWriter, r *http.Request) (access.Pr
 	switch {
 	case errors.Is(err, access.ErrUnauthenticated):
 		s.failed(r, false)
-		w.Header().Set("WWW-Authenticate", challenge+`, error="invalid_token", error_description="unknown, expired or revoked token"`)
+		w.Header().Set("WWW-Authenticate", challenge()+`, error="invalid_token", error_description="unknown, expired or revoked token"`)
 		http.Error(w, "invalid token", http.StatusUnauthorized)
 		return access.Principal{}, false
 	case err != nil || wire.ValidTenant(p.Tenant) != nil:

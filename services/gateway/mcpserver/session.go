@@ -343,6 +343,9 @@ func deviceResult(payload json.RawMessage) *mcp.CallToolResult {
 	if len(payload) == 0 {
 		return &mcp.CallToolResult{Content: []mcp.Content{}}
 	}
+	if r, ok := textResult(payload); ok {
+		return r
+	}
 	var probe struct {
 		Content json.RawMessage `json:"content"`
 	}
@@ -353,6 +356,57 @@ func deviceResult(payload json.RawMessage) *mcp.CallToolResult {
 		}
 	}
 	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: string(payload)}}}
+}
+
+// textResult reads the usual device result, text content and maybe
+// isError and nothing else, as the SDK's decoder would (keys matched
+// exactly); ok is false for anything else. It spares a call the SDK
+// decoder's 32 KiB buffer, the MCP path's largest cost of our own.
+func textResult(payload []byte) (*mcp.CallToolResult, bool) {
+	var top map[string]json.RawMessage
+	if json.Unmarshal(payload, &top) != nil {
+		return nil, false
+	}
+	content := top["content"]
+	if len(content) == 0 || content[0] != '[' {
+		return nil, false
+	}
+	r := &mcp.CallToolResult{}
+	for k, v := range top {
+		switch k {
+		case "content":
+		case "isError":
+			if json.Unmarshal(v, &r.IsError) != nil {
+				return nil, false
+			}
+		default:
+			return nil, false
+		}
+	}
+	var items []map[string]json.RawMessage
+	if json.Unmarshal(content, &items) != nil {
+		return nil, false
+	}
+	r.Content = make([]mcp.Content, len(items))
+	for i, it := range items {
+		if string(it["type"]) != `"text"` {
+			return nil, false
+		}
+		tc := &mcp.TextContent{}
+		for k, v := range it {
+			switch k {
+			case "type":
+			case "text":
+				if json.Unmarshal(v, &tc.Text) != nil {
+					return nil, false
+				}
+			default:
+				return nil, false
+			}
+		}
+		r.Content[i] = tc
+	}
+	return r, true
 }
 
 // groupMembers asks for a group's nodes; without a NodeGroups no group
