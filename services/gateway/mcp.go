@@ -23,7 +23,9 @@ type MCPConfig struct {
 	Disabled bool
 	// PageSize is the number of tools per tools/list page. Default 100.
 	PageSize int
-	// SessionTimeout ends an MCP session idle for that long. Default 30 min.
+	// SessionTimeout closes a replica's copy of an MCP session idle for
+	// that long; the session itself ends after wire.MCPSessionTTL unused.
+	// Default 30 min.
 	SessionTimeout time.Duration
 	// MaxSessionsPerPrincipal caps the MCP sessions one token has open
 	// across the replicas. Default 100.

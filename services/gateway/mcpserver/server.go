@@ -6,8 +6,9 @@
 // notifications/tools/list_changed when a node in its scope connects,
 // disconnects or changes its catalog. A session sees the whole tenant
 // (/mcp), one node with the device's own tool names (/mcp/nodes/{nodeId}),
-// or a policy group of nodes (/mcp/groups/{group}). docs/mcp.md is the
-// user guide.
+// or a policy group of nodes (/mcp/groups/{group}). Sessions are shared
+// by the gateway replicas through a NATS KV bucket (shared.go), so any
+// replica serves any request of a session. docs/mcp.md is the user guide.
 package mcpserver
 
 import (
@@ -103,7 +104,9 @@ type Config struct {
 	Version    string               // serverInfo.version
 	// PageSize is the number of tools per tools/list page. Default 100.
 	PageSize int
-	// SessionTimeout ends a session idle for that long. Default 30 min.
+	// SessionTimeout closes this replica's copy of a session idle for that
+	// long; a shared session's record lives on (wire.MCPSessionTTL) and
+	// the next request restores it. Default 30 min.
 	SessionTimeout time.Duration
 	// MaxRequestBytes caps an HTTP request body; larger answers 413.
 	// Default 1 MiB.
