@@ -36,7 +36,11 @@ const refreshEvery = time.Minute
 type sessionRecord struct {
 	Tenant    string `json:"tenant"`
 	Principal string `json:"principal"` // access.Principal.ID; every request's token must resolve to it
-	Scope     string `json:"scope"`     // scope.String(): tenant, node:<id>, group:<name>
+	// Role is the principal's role at initialize: a token whose role has
+	// changed since must open a new session, as on the replica that
+	// opened it.
+	Role  string `json:"role"`
+	Scope string `json:"scope"` // scope.String(): tenant, node:<id>, group:<name>
 	// State is the SDK's session state: initialize params (clientInfo,
 	// for the audit) and the negotiated protocol version.
 	State   *mcp.ServerSessionState `json:"state"`
@@ -100,7 +104,7 @@ func (sess *session) save(ctx context.Context, ss *mcp.ServerSession, version st
 		// The client sends notifications/initialized next, to this replica
 		// or another: a copy takes the session as initialized.
 		InitializedParams: &mcp.InitializedParams{}}
-	b, err := json.Marshal(sessionRecord{Tenant: sess.principal.Tenant, Principal: sess.principal.ID,
+	b, err := json.Marshal(sessionRecord{Tenant: sess.principal.Tenant, Principal: sess.principal.ID, Role: sess.principal.Role,
 		Scope: sess.scope.String(), State: state, Created: time.Now().UTC()})
 	if err != nil {
 		return err
@@ -177,7 +181,9 @@ func (s *Server) lookup(ctx context.Context, id string, p access.Principal, sc s
 	sess := s.sessions[id]
 	s.mu.Unlock()
 	if sess != nil {
-		if sess.principal.Tenant != p.Tenant || sess.principal.ID != p.ID || sess.scope != sc {
+		// The session's principal as it was (a changed role opens a new
+		// session) and its path.
+		if sess.principal != p || sess.scope != sc {
 			return nil, errNoSession
 		}
 		return sess, nil
@@ -199,7 +205,7 @@ func (s *Server) lookup(ctx context.Context, id string, p access.Principal, sc s
 		s.log.Warn("mcp: malformed session record", "key", e.Key(), "err", err)
 		return nil, errNoSession
 	}
-	if rec.Tenant != p.Tenant || rec.Principal != p.ID || rec.Scope != sc.String() {
+	if rec.Tenant != p.Tenant || rec.Principal != p.ID || rec.Role != p.Role || rec.Scope != sc.String() {
 		return nil, errNoSession
 	}
 	return s.restore(id, p, sc, &rec, e)
