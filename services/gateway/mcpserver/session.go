@@ -76,19 +76,24 @@ func (s *Server) register(sess *session, ss *mcp.ServerSession) *session {
 		if sess.idle != nil {
 			sess.idle.Stop()
 		}
-		s.mu.Lock()
-		if s.sessions[sess.id] == sess {
-			delete(s.sessions, sess.id)
-		}
-		if set := s.byTenant[sess.principal.Tenant]; set != nil {
-			delete(set, sess)
-			if len(set) == 0 {
-				delete(s.byTenant, sess.principal.Tenant)
-			}
-		}
-		s.mu.Unlock()
+		s.unregister(sess)
 	}()
 	return sess
+}
+
+// unregister makes a session unreachable here (idempotent).
+func (s *Server) unregister(sess *session) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.sessions[sess.id] == sess {
+		delete(s.sessions, sess.id)
+	}
+	if set := s.byTenant[sess.principal.Tenant]; set != nil {
+		delete(set, sess)
+		if len(set) == 0 {
+			delete(s.byTenant, sess.principal.Tenant)
+		}
+	}
 }
 
 func (sess *session) serverSession() *mcp.ServerSession {

@@ -277,9 +277,12 @@ func (sess *session) busy(d int) {
 }
 
 // close ends this replica's copy of the session (the record stays, unless
-// the caller deleted it).
+// the caller deleted it). The copy is unreachable once close returns, so
+// the next request of the session restores a new one.
 func (sess *session) close() {
-	if ss := sess.serverSession(); ss != nil {
+	ss := sess.serverSession()
+	sess.s.unregister(sess)
+	if ss != nil {
 		_ = ss.Close()
 	}
 }

@@ -28,7 +28,7 @@ import (
 // registry and the sessions bucket of one embedded NATS server, each with
 // its own NATS connection, HTTP server and invoker.
 type replicaPair struct {
-	t     *testing.T
+	t     testing.TB
 	nodes *fakeNodes
 	a, b  *replicaUnderTest
 
@@ -45,7 +45,7 @@ type replicaUnderTest struct {
 
 type served struct{ replica, method string }
 
-func newReplicaPair(t *testing.T, cfg Config) *replicaPair {
+func newReplicaPair(t testing.TB, cfg Config) *replicaPair {
 	t.Helper()
 	ns, err := natsembed.Start(natsembed.Config{StoreDir: t.TempDir()})
 	if err != nil {
