@@ -289,16 +289,13 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		sess.touch()
+		if r.Method == http.MethodDelete {
+			s.end(w, r, sess)
+			return
+		}
 		if sess.restored {
 			s.serveCopy(w, r, sess)
 			return
-		}
-		if r.Method == http.MethodDelete {
-			if err := s.forget(r.Context(), sess); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
-				s.log.Warn("mcp: delete session record", "err", err)
-				http.Error(w, "MCP sessions unavailable; retry", http.StatusServiceUnavailable)
-				return
-			}
 		}
 	} else if r.Method == http.MethodPost {
 		switch sc.kind {

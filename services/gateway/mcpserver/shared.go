@@ -241,15 +241,6 @@ func (s *Server) serveCopy(w http.ResponseWriter, r *http.Request, sess *session
 	}
 	switch r.Method {
 	case http.MethodGet, http.MethodPost:
-	case http.MethodDelete:
-		if err := s.forget(r.Context(), sess); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
-			s.log.Warn("mcp: delete session record", "err", err)
-			http.Error(w, "sessions unavailable; retry", http.StatusServiceUnavailable)
-			return
-		}
-		sess.close()
-		w.WriteHeader(http.StatusNoContent)
-		return
 	default:
 		w.Header().Set("Allow", "GET, POST, DELETE")
 		http.Error(w, "Method Not Allowed", http.StatusMethodNotAllowed)
@@ -261,6 +252,20 @@ func (s *Server) serveCopy(w http.ResponseWriter, r *http.Request, sess *session
 	sess.busy(1)
 	defer sess.busy(-1)
 	sess.transport.ServeHTTP(w, r)
+}
+
+// end answers a DELETE: the record goes (every replica's watcher closes
+// its copy) and so does this replica's copy, here rather than in the SDK's
+// handler, which would answer 404 had the watcher closed it first.
+func (s *Server) end(w http.ResponseWriter, r *http.Request, sess *session) {
+	if err := s.forget(r.Context(), sess); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+		s.log.Warn("mcp: delete session record", "err", err)
+		w.Header().Set("Retry-After", "1")
+		http.Error(w, "MCP sessions unavailable; retry", http.StatusServiceUnavailable)
+		return
+	}
+	sess.close()
+	w.WriteHeader(http.StatusNoContent)
 }
 
 // busy counts a restored copy's requests in progress (an open GET stream

@@ -324,3 +324,31 @@ func TestSessionsPerPrincipalAreCapped(t *testing.T) {
 	}
 	p.connect("op-a", nil, false)
 }
+
+// TestDeleteAnswers204OnTheOpeningReplica: the replica's own watcher sees
+// the record go while it answers the DELETE; the client still gets 204
+// (the TypeScript and OpenAI Agents SDKs report anything else).
+func TestDeleteAnswers204OnTheOpeningReplica(t *testing.T) {
+	p := newReplicaPair(t, Config{})
+	for range 20 {
+		lb := &balancer{p: p, token: "op-a"}
+		lb.pin.Store(p.a)
+		c := mcp.NewClient(&mcp.Implementation{Name: "go-test", Version: "1.2.3"}, nil)
+		cs, err := c.Connect(context.Background(), &mcp.StreamableClientTransport{Endpoint: p.a.http.URL + "/mcp",
+			HTTPClient: &http.Client{Transport: lb}, DisableStandaloneSSE: true, MaxRetries: -1}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req, _ := http.NewRequest(http.MethodDelete, p.a.http.URL+"/mcp", nil)
+		req.Header.Set("Authorization", "Bearer op-a")
+		req.Header.Set("Mcp-Session-Id", cs.ID())
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusNoContent {
+			t.Fatalf("DELETE on the opening replica: %d, want 204", resp.StatusCode)
+		}
+	}
+}
