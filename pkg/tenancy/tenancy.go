@@ -177,6 +177,9 @@ type Store interface {
 	// Upstreams returns the tenant's upstreams sorted by name.
 	Upstreams(ctx context.Context, tenant string) ([]Upstream, error)
 	DeleteUpstream(ctx context.Context, tenant, name string, at time.Time) error
+	// SetUpstreamCaller replaces the upstream's caller hash if it is still
+	// old, and reports whether it did.
+	SetUpstreamCaller(ctx context.Context, tenant, name, old, hash string, at time.Time) (bool, error)
 
 	Close() error
 }
