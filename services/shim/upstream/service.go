@@ -292,6 +292,9 @@ func (s *Service) Run(ctx context.Context) error {
 			return nil
 		case e, ok := <-stored:
 			if !ok {
+				if ctx.Err() != nil { // the watch ends with ctx
+					return nil
+				}
 				return errors.New("upstream: stored upstreams watch ended")
 			}
 			if e != nil {
@@ -303,6 +306,9 @@ func (s *Service) Run(ctx context.Context) error {
 			s.poke()
 		case e, ok := <-w.Updates():
 			if !ok {
+				if ctx.Err() != nil {
+					return nil
+				}
 				return errors.New("upstream: node registry watch ended")
 			}
 			if e == nil { // initial values loaded
