@@ -83,7 +83,7 @@ func serviceUser(component string) string {
 	switch {
 	case strings.HasPrefix(component, "hub-"):
 		return "devicehub"
-	case strings.HasPrefix(component, "shim-"):
+	case strings.HasPrefix(component, "shim-"), strings.HasPrefix(component, "upstream-"):
 		return "shim"
 	}
 	return "gateway"
