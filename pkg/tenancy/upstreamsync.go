@@ -88,18 +88,30 @@ func (s *UpstreamSync) TenancyChanged(c wire.TenancyChange) {
 	}
 }
 
-// Run syncs every tenant at once and every ResyncInterval, and the tenants
-// TenancyChanged names as they come, until ctx ends.
+// Run syncs every tenant at once and every ResyncInterval, the tenants
+// TenancyChanged names as they come, and the tenant of an entry deleted
+// behind the store's back (a removal's own delete costs one idle sync),
+// until ctx ends.
 func (s *UpstreamSync) Run(ctx context.Context) error {
 	if err := s.SyncAll(ctx); err != nil && ctx.Err() == nil {
 		s.log.Warn("upstream bucket sync failed; retrying at the next resync", "err", err)
 	}
+	deletes := s.watchDeletes(ctx)
 	tick := time.NewTicker(s.cfg.ResyncInterval)
 	defer tick.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
+		case e, ok := <-deletes:
+			switch {
+			case !ok: // the bucket went; the next resync creates it again
+				deletes = nil
+			case e != nil && e.Operation() != jetstream.KeyValuePut:
+				if t, _, ok := strings.Cut(e.Key(), "."); ok {
+					s.TenancyChanged(wire.TenancyChange{Tenant: t, Kind: wire.ChangeUpstream})
+				}
+			}
 		case <-s.kick:
 			s.mu.Lock()
 			tenants := make([]string, 0, len(s.pending))
@@ -117,8 +129,25 @@ func (s *UpstreamSync) Run(ctx context.Context) error {
 			if err := s.SyncAll(ctx); err != nil && ctx.Err() == nil {
 				s.log.Warn("upstream bucket sync failed; retrying at the next resync", "err", err)
 			}
+			if deletes == nil {
+				deletes = s.watchDeletes(ctx)
+			}
 		}
 	}
+}
+
+// watchDeletes watches the bucket for changes (their keys only); nil when
+// the bucket cannot be watched now.
+func (s *UpstreamSync) watchDeletes(ctx context.Context) <-chan jetstream.KeyValueEntry {
+	kv, err := s.bucket(ctx, false)
+	if err != nil {
+		return nil
+	}
+	w, err := kv.WatchAll(ctx, jetstream.UpdatesOnly(), jetstream.MetaOnly())
+	if err != nil {
+		return nil
+	}
+	return w.Updates()
 }
 
 // bucket returns the bucket, opening (or creating) it when fresh is set or

@@ -147,6 +147,21 @@ func TestUpstreamBucketFollowsTheStore(t *testing.T) {
 			t.Fatal("the replicas replaced a working caller token")
 		}
 
+		// The whole bucket is lost: the next resync creates it again, with
+		// the entry and another new token.
+		if err := js.DeleteKeyValue(ctx, wire.BucketUpstreams); err != nil {
+			t.Fatal(err)
+		}
+		lost := e.CallerToken
+		eventually.Within(t, 10*time.Second, "bucket and entry recreated", func() bool {
+			kv, err = js.KeyValue(ctx, wire.BucketUpstreams)
+			if err != nil {
+				return false
+			}
+			e, ok = entry(t, kv, "acme", "lab")
+			return ok && e.CallerToken != lost && authenticates(e.CallerToken)
+		})
+
 		if err := m.RemoveUpstream(ctx, "acme", "lab"); err != nil {
 			t.Fatal(err)
 		}

@@ -168,6 +168,7 @@ type Service struct {
 	held    map[string]*heldLink       // lease key -> link run here
 	static  map[string]Upstream        // UpstreamKey -> configured upstream
 	stored  map[string]Upstream        // UpstreamKey -> stored upstream from the bucket
+	loading map[string]Upstream        // the bucket's entries while a watch replays them
 	ups     map[string]Upstream        // UpstreamKey -> upstream run: static over stored
 }
 
@@ -261,19 +262,13 @@ func (s *Service) Run(ctx context.Context) error {
 	}
 	defer func() { _ = w.Stop() }()
 
-	var stored <-chan jetstream.KeyValueEntry // nil (never ready) without stored upstreams
+	var sw storedWatch // its channel is nil (never ready) without stored upstreams
 	if s.cfg.Stored {
-		ukv, err := wire.OpenBucket(ctx, js, wire.UpstreamsBucketConfig())
-		if err != nil {
-			return fmt.Errorf("upstream: stored upstreams: %w", err)
+		if sw, err = s.watchStored(ctx, js); err != nil {
+			return err
 		}
-		uw, err := ukv.WatchAll(ctx)
-		if err != nil {
-			return fmt.Errorf("upstream: watch stored upstreams: %w", err)
-		}
-		defer func() { _ = uw.Stop() }()
-		stored = uw.Updates()
 	}
+	defer func() { sw.stop() }()
 	if err := s.syncSubscriptions(); err != nil {
 		return err
 	}
@@ -290,14 +285,22 @@ func (s *Service) Run(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return nil
-		case e, ok := <-stored:
+		case e, ok := <-sw.updates:
 			if !ok {
 				if ctx.Err() != nil { // the watch ends with ctx
 					return nil
 				}
-				return errors.New("upstream: stored upstreams watch ended")
+				s.log.Warn("stored upstreams watch ended; watching again")
+				sw.stop()
+				sw = storedWatch{}
+				continue
 			}
-			if e != nil {
+			if e == nil { // the bucket's current entries are all in
+				s.mu.Lock()
+				s.stored, s.loading = s.loading, nil
+				s.mergeUpstreams()
+				s.mu.Unlock()
+			} else {
 				s.applyUpstream(e)
 			}
 			if err := s.syncSubscriptions(); err != nil {
@@ -320,6 +323,14 @@ func (s *Service) Run(ctx context.Context) error {
 		case <-s.kick:
 			s.reconcile(ctx)
 		case <-refresh.C:
+			if s.cfg.Stored && !sw.current(ctx, js) {
+				// The bucket was lost and written again (or the watch
+				// ended): watch the new one. The links run on meanwhile.
+				sw.stop()
+				if sw, err = s.watchStored(ctx, js); err != nil {
+					s.log.Warn("stored upstreams", "err", err)
+				}
+			}
 			s.reconcile(ctx)
 		}
 	}
@@ -344,14 +355,80 @@ func (s *Service) nodesBucket(ctx context.Context, js jetstream.JetStream) (jets
 	}
 }
 
+// storedWatch is the watch of the stored upstreams' bucket.
+type storedWatch struct {
+	w       jetstream.KeyWatcher
+	updates <-chan jetstream.KeyValueEntry
+	created time.Time // the bucket's stream creation: a new one means the bucket was lost
+}
+
+func (sw storedWatch) stop() {
+	if sw.w != nil {
+		_ = sw.w.Stop()
+	}
+}
+
+// current reports whether the watch still follows the bucket: a deleted
+// bucket's watch need not end, so the bucket's creation time tells.
+func (sw storedWatch) current(ctx context.Context, js jetstream.JetStream) bool {
+	if sw.w == nil {
+		return false
+	}
+	created, err := bucketCreated(ctx, js)
+	return err != nil || created.Equal(sw.created) // when in doubt keep the watch
+}
+
+func bucketCreated(ctx context.Context, js jetstream.JetStream) (time.Time, error) {
+	kv, err := js.KeyValue(ctx, wire.BucketUpstreams)
+	if err != nil {
+		return time.Time{}, err
+	}
+	st, err := kv.Status(ctx)
+	if err != nil {
+		return time.Time{}, err
+	}
+	if kst, ok := st.(*jetstream.KeyValueBucketStatus); ok {
+		return kst.StreamInfo().Created, nil
+	}
+	return time.Time{}, nil
+}
+
+// watchStored opens (or creates) the bucket of stored upstreams and
+// watches it; the current entries load into s.loading, which replaces
+// s.stored once they are all in, so that watching again after the bucket
+// was lost does not stop the links meanwhile.
+func (s *Service) watchStored(ctx context.Context, js jetstream.JetStream) (storedWatch, error) {
+	kv, err := wire.OpenBucket(ctx, js, wire.UpstreamsBucketConfig())
+	if err != nil {
+		return storedWatch{}, fmt.Errorf("upstream: stored upstreams: %w", err)
+	}
+	created, err := bucketCreated(ctx, js)
+	if err != nil {
+		return storedWatch{}, fmt.Errorf("upstream: stored upstreams: %w", err)
+	}
+	w, err := kv.WatchAll(ctx)
+	if err != nil {
+		return storedWatch{}, fmt.Errorf("upstream: watch stored upstreams: %w", err)
+	}
+	s.mu.Lock()
+	s.loading = map[string]Upstream{}
+	s.mu.Unlock()
+	return storedWatch{w: w, updates: w.Updates(), created: created}, nil
+}
+
 // applyUpstream keeps the stored upstreams; an entry that does not parse
 // is not run (and the gateway that wrote it is newer or broken).
 func (s *Service) applyUpstream(e jetstream.KeyValueEntry) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	defer s.mergeUpstreams()
+	into := s.stored
+	if s.loading != nil {
+		into = s.loading
+	} else {
+		defer s.mergeUpstreams()
+	}
 	if e.Operation() != jetstream.KeyValuePut {
-		delete(s.stored, e.Key())
+		delete(into, e.Key())
 		return
 	}
 	ent, err := wire.ParseUpstreamEntry(e.Value())
@@ -365,13 +442,13 @@ func (s *Service) applyUpstream(e jetstream.KeyValueEntry) {
 	}
 	if err != nil {
 		s.log.Warn("stored upstream not run", "key", e.Key(), "err", err)
-		delete(s.stored, e.Key())
+		delete(into, e.Key())
 		return
 	}
 	if _, ok := s.static[e.Key()]; ok {
 		s.log.Warn("stored upstream not run: an upstream of that name is configured on this shim", "upstream", u)
 	}
-	s.stored[e.Key()] = u
+	into[e.Key()] = u
 }
 
 // upstream returns the current record of an upstream.

@@ -218,3 +218,33 @@ func TestMalformedStoredUpstreamIsIgnored(t *testing.T) {
 		t.Fatalf("links %+v, want only the valid upstream's", st)
 	}
 }
+
+// The bucket is lost and written again by the gateways (with a new caller
+// token): the link stays up throughout, and the worker picks the new
+// record up.
+func TestStoredUpstreamsSurviveALostBucket(t *testing.T) {
+	srv := startNATS(t)
+	gw := newFakeGateway(t)
+	seed := connectNATS(t, srv, "seed")
+	const node = "xz-aabbccddeeff"
+	putDevice(t, seed, wire.NodeRecord{NodeID: node, Tenant: "acme", Kind: wire.NodeKindXiaoZhi, Connected: true})
+	w := startStoredWorker(t, connectNATS(t, srv, "w"), &fakeInvoker{})
+	entry := wire.UpstreamEntry{Tenant: "acme", Name: "home", URL: gw.url(), Auth: wire.UpstreamAuthToken, Secret: linkToken,
+		Publish: wire.PublishAll, CallerToken: "xcu_before"}
+	putEntry(t, seed, entry)
+	waitCond(t, "online", func() bool { return heldOnline(w, node) })
+
+	js, _ := jetstream.New(seed)
+	if err := js.DeleteKeyValue(context.Background(), wire.BucketUpstreams); err != nil {
+		t.Fatal(err)
+	}
+	entry.CallerToken = "xcu_after"
+	putEntry(t, seed, entry)
+	waitCond(t, "the new record taken up", func() bool {
+		u, ok := w.upstream("acme", "home")
+		return ok && u.CallerToken == "xcu_after"
+	})
+	if !heldOnline(w, node) || gw.connectCount() != 1 {
+		t.Fatalf("link status %+v after %d connects, want the first connection still up", w.Status(), gw.connectCount())
+	}
+}
