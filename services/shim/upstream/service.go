@@ -142,7 +142,7 @@ type Config struct {
 	// deliver them in the wire.BucketUpstreams bucket.
 	Stored  bool
 	Invoker Invoker // runs the calls (GatewayInvoker)
-	Timing    Timing
+	Timing  Timing
 	// LeaseTTL is how long a lease outlives its holder; a link moves to
 	// another worker within LeaseTTL plus one refresh (LeaseTTL/3) after its
 	// holder died. Default 10 s.
