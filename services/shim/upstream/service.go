@@ -2,6 +2,7 @@ package upstream
 
 import (
 	"context"
+	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
@@ -114,7 +115,9 @@ func (u Upstream) tlsConfig() (*tls.Config, error) {
 // restarts the upstream's links. The node selection and the caller token
 // are read when needed.
 func (u Upstream) connection() string {
-	return strings.Join([]string{u.URL, u.Token, u.Password, u.CACert, strconv.FormatBool(u.InsecureSkipVerify)}, "\x00")
+	sum := sha256.Sum256([]byte(strings.Join([]string{u.URL, u.Token, u.Password, u.CACert,
+		strconv.FormatBool(u.InsecureSkipVerify)}, "\x00")))
+	return string(sum[:])
 }
 
 // upstreamOf is the upstream of a bucket entry.
@@ -521,6 +524,10 @@ type want struct {
 func (s *Service) reconcile(ctx context.Context) {
 	s.mu.Lock()
 	wanted := map[string]want{}
+	conns := make(map[string]string, len(s.ups)) // UpstreamKey -> connection()
+	for k, u := range s.ups {
+		conns[k] = u.connection()
+	}
 	for _, rec := range s.devices {
 		for _, u := range s.ups {
 			if u.Tenant == rec.Tenant && u.publishes(rec.NodeID) {
@@ -531,7 +538,7 @@ func (s *Service) reconcile(ctx context.Context) {
 	var stale []*heldLink
 	var keep []*heldLink
 	for k, h := range s.held {
-		if w, ok := wanted[k]; ok && w.up.connection() == h.conn {
+		if w, ok := wanted[k]; ok && conns[wire.UpstreamKey(w.up.Tenant, w.up.Name)] == h.conn {
 			keep = append(keep, h)
 		} else { // not wanted, or its upstream's connection changed: taken again below
 			stale = append(stale, h)
