@@ -8,10 +8,12 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/coder/websocket"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -246,5 +248,51 @@ func TestStoredUpstreamsSurviveALostBucket(t *testing.T) {
 	})
 	if !heldOnline(w, node) || gw.connectCount() != 1 {
 		t.Fatalf("link status %+v after %d connects, want the first connection still up", w.Status(), gw.connectCount())
+	}
+}
+
+// An upstream stored with the gateway's password connects with
+// auth.password (and no token).
+func TestStoredUpstreamWithAPassword(t *testing.T) {
+	srv := startNATS(t)
+	auths := make(chan json.RawMessage, 4)
+	gw := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ws, err := websocket.Accept(w, r, nil)
+		if err != nil {
+			return
+		}
+		defer ws.CloseNow()
+		ctx := r.Context()
+		_ = ws.Write(ctx, websocket.MessageText, []byte(`{"type":"event","event":"connect.challenge","payload":{"nonce":"n","ts":1}}`))
+		_, b, err := ws.Read(ctx)
+		if err != nil {
+			return
+		}
+		var req struct {
+			ID     string `json:"id"`
+			Params struct {
+				Auth json.RawMessage `json:"auth"`
+			} `json:"params"`
+		}
+		_ = json.Unmarshal(b, &req)
+		select {
+		case auths <- req.Params.Auth:
+		default:
+		}
+		_ = ws.Write(ctx, websocket.MessageText, []byte(`{"type":"res","id":"`+req.ID+`","ok":false,"error":{"code":"INVALID_REQUEST","message":"checked"}}`))
+	}))
+	t.Cleanup(gw.Close)
+	seed := connectNATS(t, srv, "seed")
+	putDevice(t, seed, wire.NodeRecord{NodeID: "xz-000000000001", Tenant: "acme", Kind: wire.NodeKindXiaoZhi, Connected: true})
+	startStoredWorker(t, connectNATS(t, srv, "w"), &fakeInvoker{})
+	putEntry(t, seed, wire.UpstreamEntry{Tenant: "acme", Name: "pw", URL: "ws" + strings.TrimPrefix(gw.URL, "http"),
+		Auth: wire.UpstreamAuthPassword, Secret: "gateway-password", Publish: wire.PublishAll, CallerToken: "xcu_t"})
+	select {
+	case a := <-auths:
+		if string(a) != `{"password":"gateway-password"}` {
+			t.Fatalf("connect auth %s", a)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("no connect")
 	}
 }
