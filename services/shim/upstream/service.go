@@ -381,19 +381,14 @@ func (sw storedWatch) current(ctx context.Context, js jetstream.JetStream) bool 
 	return err != nil || created.Equal(sw.created) // when in doubt keep the watch
 }
 
+// bucketCreated is when the stored upstreams' bucket (its stream) was
+// created: one stream info request.
 func bucketCreated(ctx context.Context, js jetstream.JetStream) (time.Time, error) {
-	kv, err := js.KeyValue(ctx, wire.BucketUpstreams)
+	st, err := js.Stream(ctx, "KV_"+wire.BucketUpstreams)
 	if err != nil {
 		return time.Time{}, err
 	}
-	st, err := kv.Status(ctx)
-	if err != nil {
-		return time.Time{}, err
-	}
-	if kst, ok := st.(*jetstream.KeyValueBucketStatus); ok {
-		return kst.StreamInfo().Created, nil
-	}
-	return time.Time{}, nil
+	return st.CachedInfo().Created, nil
 }
 
 // watchStored opens (or creates) the bucket of stored upstreams and
