@@ -62,6 +62,24 @@ func (s *SQLStore) Upstreams(ctx context.Context, tenant string) ([]Upstream, er
 	return out, rows.Err()
 }
 
+// UpstreamTenants returns the tenants that have an upstream, sorted.
+func (s *SQLStore) UpstreamTenants(ctx context.Context) ([]string, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT DISTINCT tenant FROM upstreams ORDER BY tenant`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var t string
+		if err := rows.Scan(&t); err != nil {
+			return nil, err
+		}
+		out = append(out, t)
+	}
+	return out, rows.Err()
+}
+
 // DeleteUpstream removes an upstream of the tenant.
 func (s *SQLStore) DeleteUpstream(ctx context.Context, tenant, name string, at time.Time) error {
 	return s.inTx(ctx, func(tx *sql.Tx) error {

@@ -204,19 +204,19 @@ func (s *UpstreamSync) SyncAll(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("list upstream entries: %w", err)
 	}
-	tenants, err := s.cfg.Store.Tenants(ctx)
+	// One query finds the tenants with upstreams: a resync costs nothing
+	// per tenant without any.
+	tenants, err := s.cfg.Store.UpstreamTenants(ctx)
 	if err != nil {
 		return err
 	}
 	var errs []error
 	for _, t := range tenants {
-		errs = append(errs, s.syncTenant(ctx, kv, t.ID, keys[t.ID]))
-		delete(keys, t.ID)
+		errs = append(errs, s.syncTenant(ctx, kv, t, keys[t]))
+		delete(keys, t)
 	}
-	for t, names := range keys { // tenants no longer stored
-		for _, n := range names {
-			errs = append(errs, s.remove(ctx, kv, t, n))
-		}
+	for t, names := range keys { // entries of tenants without upstreams
+		errs = append(errs, s.syncTenant(ctx, kv, t, names))
 	}
 	return errors.Join(errs...)
 }
