@@ -11,11 +11,13 @@ import (
 	"crypto/ed25519"
 	"crypto/rand"
 	"crypto/sha256"
+	"crypto/tls"
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"strconv"
 	"strings"
 	"sync"
@@ -27,8 +29,13 @@ import (
 
 // Options configure a connection.
 type Options struct {
-	URL    string // ws://127.0.0.1:18789
-	Token  string
+	URL   string // ws://127.0.0.1:18789 or wss://…
+	Token string
+	// Password is the gateway's shared password, sent instead of a token.
+	Password string
+	// TLS configures a wss:// connection (a private CA, or no verification
+	// for a self-signed test gateway); nil uses the system roots.
+	TLS    *tls.Config
 	Role   string   // default "operator"
 	Scopes []string // default operator.read + operator.write
 	// Identity signs the connect request when set.
@@ -139,7 +146,11 @@ func Dial(ctx context.Context, opts Options) (*Client, error) {
 	if opts.MaxProtocol == 0 {
 		opts.MaxProtocol = 4
 	}
-	conn, _, err := websocket.Dial(ctx, opts.URL, &websocket.DialOptions{CompressionMode: websocket.CompressionDisabled})
+	dopts := &websocket.DialOptions{CompressionMode: websocket.CompressionDisabled}
+	if opts.TLS != nil {
+		dopts.HTTPClient = &http.Client{Transport: &http.Transport{TLSClientConfig: opts.TLS, Proxy: http.ProxyFromEnvironment}}
+	}
+	conn, _, err := websocket.Dial(ctx, opts.URL, dopts)
 	if err != nil {
 		return nil, fmt.Errorf("connect %s: %w", opts.URL, err)
 	}
@@ -199,8 +210,11 @@ func (c *Client) handshake(ctx context.Context) error {
 	if c.opts.Commands != nil {
 		params["commands"] = c.opts.Commands
 	}
-	if c.opts.Token != "" {
+	switch {
+	case c.opts.Token != "":
 		params["auth"] = map[string]any{"token": c.opts.Token}
+	case c.opts.Password != "":
+		params["auth"] = map[string]any{"password": c.opts.Password}
 	}
 	if c.opts.Identity != nil {
 		params["device"] = c.signDevice(challenge.Nonce, challenge.Ts)

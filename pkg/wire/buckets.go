@@ -64,3 +64,23 @@ func OpenBucket(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyVa
 	}
 	return nil, err
 }
+
+// BucketUpstreams is the JetStream KV bucket of the tenants' stored
+// upstream OpenClaw gateways, one UpstreamEntry per upstream under
+// UpstreamKey(tenant, name). The gateways render it from the tenancy
+// store (pkg/tenancy.UpstreamSync); the shims watch it and run the links.
+// It holds secrets (the OpenClaw gateway's token or password and the
+// caller token): only the gateway's and the shim's NATS users may read it.
+const BucketUpstreams = "xc_upstreams"
+
+// UpstreamsBucketConfig is the configuration of BucketUpstreams: the latest
+// entry per upstream only, on disk, so that a NATS restart does not lose
+// the caller tokens the tenancy store keeps only hashed.
+func UpstreamsBucketConfig() jetstream.KeyValueConfig {
+	return jetstream.KeyValueConfig{
+		Bucket:      BucketUpstreams,
+		Description: "xiaoclaw stored upstream OpenClaw gateways",
+		History:     1,
+		Storage:     jetstream.FileStorage,
+	}
+}

@@ -392,8 +392,12 @@ func (r *clientRef) get(ctx context.Context) *occlient.Client {
 // dial connects as a node host, offering protocol 4 and falling back to 3
 // (without deviceFamily, as OpenClaw's node host does) on a mismatch.
 func (l *link) dial(ctx context.Context, s *session) (*occlient.Client, error) {
+	tlsConf, err := l.cfg.upstream.tlsConfig()
+	if err != nil {
+		return nil, err
+	}
 	opts := occlient.Options{
-		URL: l.cfg.upstream.URL, Token: l.cfg.upstream.Token,
+		URL: l.cfg.upstream.URL, Token: l.cfg.upstream.Token, Password: l.cfg.upstream.Password, TLS: tlsConf,
 		Role: "node", Scopes: []string{}, Identity: l.cfg.identity,
 		ClientID: "node-host", Mode: "node", Version: l.cfg.node.Version, Platform: Platform,
 		DisplayName: l.cfg.node.DisplayName, DeviceFamily: l.cfg.node.DeviceFamily,

@@ -47,6 +47,9 @@ type Status struct {
 	RequestID string `json:"requestId,omitempty"`
 	SinceMs   int64  `json:"sinceMs"` // when State was entered
 	Holder    string `json:"holder,omitempty"`
+	// Warning is a concern about the link's setup, e.g. an upstream whose
+	// TLS certificate is not verified.
+	Warning string `json:"warning,omitempty"`
 	// OnlineAfterMs is how long the last connect took from the link's start
 	// (or the previous drop) to hello-ok.
 	OnlineAfterMs int64 `json:"onlineAfterMs,omitempty"`

@@ -23,6 +23,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/xiaoclaw/xiaoclaw/pkg/eventually"
 	"github.com/xiaoclaw/xiaoclaw/pkg/openclawref"
 	"github.com/xiaoclaw/xiaoclaw/pkg/tenancy"
 	"github.com/xiaoclaw/xiaoclaw/services/shim/upstream"
@@ -45,6 +46,12 @@ type refGateway struct {
 
 func startRefGateway(t *testing.T, bin string, env []string) *refGateway {
 	t.Helper()
+	return startRefGatewayAuth(t, bin, env, map[string]any{"mode": "token", "token": refGatewayToken})
+}
+
+// startRefGatewayAuth starts the reference gateway with gateway.auth set to auth.
+func startRefGatewayAuth(t *testing.T, bin string, env []string, auth map[string]any) *refGateway {
+	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -54,7 +61,7 @@ func startRefGateway(t *testing.T, bin string, env []string) *refGateway {
 	cfg := map[string]any{
 		"gateway": map[string]any{
 			"mode": "local", "port": g.port, "bind": "loopback",
-			"auth":      map[string]any{"mode": "token", "token": refGatewayToken},
+			"auth":      auth,
 			"tailscale": map[string]any{"mode": "off"},
 			"nodes": map[string]any{
 				"pairing":  map[string]any{"sshVerify": false},
@@ -309,4 +316,26 @@ func TestInteropUpstreamRealOpenClawGateway(t *testing.T) {
 	if s := wrong.Status(); len(s) != 1 || s[0].State != upstream.StateDisabled || s[0].SinceMs != disabled.SinceMs {
 		t.Fatalf("wrong-token link moved on: %+v", s)
 	}
+}
+
+// TestInteropStoredUpstreamWithPassword: an upstream stored through the
+// admin API with the real OpenClaw gateway's password (gateway.auth.mode
+// password) reaches the shims, which start without any upstream flag, and
+// the device's link comes online there.
+func TestInteropStoredUpstreamWithPassword(t *testing.T) {
+	bin, env := openclawref.Require(t)
+	const password = "ref-gateway-password-0123456789"
+	gw := startRefGatewayAuth(t, bin, env, map[string]any{"mode": "password", "password": password})
+	home := startStack(t, Config{AdminToken: upstreamAdminToken})
+	if status, raw := adminCall(t, home, "POST", "/api/tenants/"+DevTenant+"/upstreams",
+		map[string]any{"name": "ref", "url": gw.url(), "password": password}); status != 201 {
+		t.Fatalf("add upstream: %d %s", status, raw)
+	}
+	added := time.Now()
+	connectDevices(t, home, 0, 1, 13, nil)
+	eventually.Within(t, time.Minute, "link online on the real gateway with the password", func() bool {
+		s := home.Upstreams[0].Status()
+		return len(s) == 1 && s[0].State == upstream.StateOnline
+	})
+	t.Logf("upstream added to link online: %s", time.Since(added).Round(time.Millisecond))
 }
