@@ -247,6 +247,11 @@ func (s *Service) applyNode(e jetstream.KeyValueEntry) {
 		return
 	}
 	s.devices[e.Key()] = rec
+	for _, u := range s.cfg.Upstreams { // the catalog changed, or may have
+		if h := s.held[linkKey(u.Tenant, u.Name, rec.NodeID)]; h != nil && u.Tenant == rec.Tenant {
+			h.link.setCatalog(rec.Tools)
+		}
+	}
 }
 
 // want is a link that should run somewhere.
@@ -336,6 +341,7 @@ func (s *Service) take(ctx context.Context, w want) {
 			defer cancel()
 			_ = s.writeLease(wctx, h, st)
 		}})
+	h.link.setCatalog(w.rec.Tools)
 	lctx, cancel := context.WithCancel(context.Background())
 	h.cancel = cancel
 	s.mu.Lock()

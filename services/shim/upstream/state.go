@@ -50,6 +50,23 @@ type Status struct {
 	// OnlineAfterMs is how long the last connect took from the link's start
 	// (or the previous drop) to hello-ok.
 	OnlineAfterMs int64 `json:"onlineAfterMs,omitempty"`
+	// Tools is how many of the device's tools the upstream took as agent
+	// tools in its answer to the last node.pluginTools.update (none until
+	// it approved the node); ToolsError is its refusal, if it refused.
+	Tools      int    `json:"tools,omitempty"`
+	ToolsError string `json:"toolsError,omitempty"`
+	// LastEvent is the upstream's answer to the last node.event sent.
+	LastEvent *EventAck `json:"lastEvent,omitempty"`
+}
+
+// EventAck is the upstream's answer to a node.event: OpenClaw handles a
+// few events (node.presence.alive among them) and accepts others with
+// handled false and reason "unsupported_event".
+type EventAck struct {
+	Event   string `json:"event"`
+	Handled bool   `json:"handled"`
+	Reason  string `json:"reason,omitempty"`
+	Error   string `json:"error,omitempty"` // not delivered or refused
 }
 
 // statusBox is a link's Status behind a lock, with a change callback.
