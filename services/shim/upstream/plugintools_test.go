@@ -5,10 +5,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf16"
+	"unicode/utf8"
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/occlient"
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
@@ -206,4 +209,43 @@ func TestServicePublishesCatalogChangesOfTheRecord(t *testing.T) {
 	if got := toolNames(t, reqs.next(t, methodPluginToolsUpdate)); !slices.Equal(got, []string{"self.get_device_status", "self.reboot"}) {
 		t.Fatalf("after the catalog changed %v", got)
 	}
+}
+
+var providerSafe = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9_-]{0,63}$`)
+
+// FuzzPluginToolsOf feeds device catalogs (bytes a device chose) to the
+// descriptor mapping: whatever they hold, every descriptor must be one the
+// upstream's schema accepts.
+func FuzzPluginToolsOf(f *testing.F) {
+	f.Add([]byte(`[{"name":"self.audio_speaker.set_volume","description":"Sets the volume.","inputSchema":{"type":"object"}}]`))
+	f.Add([]byte(`[{"name":"..."},{"name":"_-_"},{"name":"9lives","inputSchema":[1]},{"name":"\u00e9t\u00e9","description":" "}]`))
+	f.Add([]byte(`[{"name":"a"},{"name":"A"},{"name":"a_2"},{"name":"a!"}]`))
+	f.Add([]byte(`{"tools":[]}`))
+	f.Fuzz(func(t *testing.T, catalog []byte) {
+		got := pluginToolsOf(catalog)
+		if len(got) > maxPluginTools {
+			t.Fatalf("%d descriptors", len(got))
+		}
+		seen := map[string]bool{}
+		for _, d := range got {
+			if !providerSafe.MatchString(d.Name) || seen[strings.ToLower(d.Name)] {
+				t.Fatalf("name %q (unique: %v)", d.Name, !seen[strings.ToLower(d.Name)])
+			}
+			seen[strings.ToLower(d.Name)] = true
+			if strings.TrimSpace(d.Description) == "" || len(utf16.Encode([]rune(d.Description))) > maxToolDescription ||
+				!utf8.ValidString(d.Description) {
+				t.Fatalf("description %q", d.Description)
+			}
+			var params map[string]any
+			if err := json.Unmarshal(d.Parameters, &params); err != nil {
+				t.Fatalf("parameters %s: %v", d.Parameters, err)
+			}
+			if d.PluginID != pluginIDNodeMCP || d.Command != commandMCPCallV1 || d.MCP.Server != mcpServer || d.MCP.Tool == "" {
+				t.Fatalf("descriptor %+v", d)
+			}
+		}
+		if _, err := json.Marshal(pluginToolsParams{Tools: got}); err != nil {
+			t.Fatal(err)
+		}
+	})
 }
