@@ -129,7 +129,20 @@ type linkConfig struct {
 	log      *slog.Logger
 	onStatus func(Status)
 	rand     func() float64
+	// handshakes, when set, bounds the handshakes in flight to the
+	// upstream; the links of one upstream share it (see handshakeSlots).
+	handshakes chan struct{}
 }
+
+// handshakeSlots bounds the handshakes a worker has in flight to one
+// upstream. OpenClaw admits 32 unauthenticated sockets per client IP and
+// answers more with 503 "Too many unauthenticated sockets"; all links of
+// a worker come from one IP, so after a gateway restart or a burst of
+// devices, unbounded links would mostly be turned away and back off.
+const handshakeSlots = 16
+
+// newHandshakeSlots returns a bound for the links of one upstream.
+func newHandshakeSlots() chan struct{} { return make(chan struct{}, handshakeSlots) }
 
 // link is one (device, upstream) connection, reconnected until its context
 // ends.
@@ -419,9 +432,19 @@ func (l *link) dial(ctx context.Context, s *session) (*occlient.Client, error) {
 	for {
 		ref := &clientRef{ready: make(chan struct{})}
 		opts.OnEvent = func(ev occlient.Event) { l.onEvent(ref, s.shutdown, ev) }
+		if l.cfg.handshakes != nil {
+			select {
+			case l.cfg.handshakes <- struct{}{}:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
 		dctx, cancel := context.WithTimeout(ctx, l.cfg.timing.ConnectTimeout)
 		c, err := occlient.Dial(dctx, opts)
 		cancel()
+		if l.cfg.handshakes != nil {
+			<-l.cfg.handshakes
+		}
 		if err == nil {
 			ref.c = c
 			close(ref.ready)

@@ -80,9 +80,10 @@ type Service struct {
 	leases jetstream.KeyValue
 	kick   chan struct{}
 
-	mu      sync.Mutex
-	devices map[string]wire.NodeRecord // registry key -> connected xiaozhi record
-	held    map[string]*heldLink       // lease key -> link run here
+	mu         sync.Mutex
+	devices    map[string]wire.NodeRecord // registry key -> connected xiaozhi record
+	held       map[string]*heldLink       // lease key -> link run here
+	handshakes map[string]chan struct{}   // upstream URL -> its links' handshake slots
 }
 
 // heldLink is a link with the lease this worker holds for it.
@@ -125,7 +126,8 @@ func New(cfg Config, nc *nats.Conn, log *slog.Logger) (*Service, error) {
 		log = slog.Default()
 	}
 	return &Service{cfg: cfg, nc: nc, log: log.With("component", "upstream"), kick: make(chan struct{}, 1),
-		devices: map[string]wire.NodeRecord{}, held: map[string]*heldLink{}}, nil
+		devices: map[string]wire.NodeRecord{}, held: map[string]*heldLink{},
+		handshakes: map[string]chan struct{}{}}, nil
 }
 
 // Run watches the node registry and keeps one link per (connected device,
@@ -334,8 +336,15 @@ func (s *Service) take(ctx context.Context, w want) {
 		return
 	}
 	h := &heldLink{key: key, rev: rev, done: make(chan struct{})}
+	s.mu.Lock()
+	slots := s.handshakes[w.up.URL]
+	if slots == nil {
+		slots = newHandshakeSlots()
+		s.handshakes[w.up.URL] = slots
+	}
+	s.mu.Unlock()
 	h.link = newLink(linkConfig{upstream: w.up, node: nodeOf(w.rec), identity: identity, invoker: s.cfg.Invoker,
-		timing: s.cfg.Timing, log: s.log, onStatus: func(st Status) {
+		timing: s.cfg.Timing, log: s.log, handshakes: slots, onStatus: func(st Status) {
 			// Best effort: the periodic refresh writes the state again.
 			wctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 			defer cancel()
