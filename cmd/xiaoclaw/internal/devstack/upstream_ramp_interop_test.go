@@ -58,6 +58,9 @@ func selfCPU() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
+// BenchmarkUpstreamRampRealGateway adds simulated devices in stages until
+// a stage does not get every link online upstream within a minute, or the
+// ramp has taken two minutes.
 func BenchmarkUpstreamRampRealGateway(b *testing.B) {
 	bin, env := openclawref.Require(b)
 	gw := startRefGateway(b, bin, env)
