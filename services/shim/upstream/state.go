@@ -8,8 +8,10 @@
 // sends is forwarded to xiaoclaw's own gateway as a node.invoke by the
 // principal "upstream:<name>", so the tenant's policy, audit trail,
 // idempotency and limits apply exactly as for any operator; the answer goes
-// back as node.invoke.result. Device notifications and tool-catalog changes
-// become node.event frames upstream.
+// back as node.invoke.result. The device's MCP tools are published as the
+// node's plugin tools (node.pluginTools.update), so the upstream's agents
+// get them as tools; device notifications, tool-catalog changes and
+// presence become node.event frames upstream.
 package upstream
 
 import (

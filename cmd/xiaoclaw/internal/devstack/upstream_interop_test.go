@@ -32,14 +32,13 @@ const refGatewayToken = "ref-gateway-token-0123456789"
 // refGateway is `openclaw gateway run` on a loopback port with its own
 // HOME, configured to admit the MCP bridge commands from nodes.
 type refGateway struct {
-	t        testing.TB
-	bin      string
-	env      []string
-	home     string
-	port     int
-	cmd      *exec.Cmd
-	log      bytes.Buffer
-	stopOnce func()
+	t    testing.TB
+	bin  string
+	env  []string
+	home string
+	port int
+	cmd  *exec.Cmd
+	log  bytes.Buffer
 }
 
 func startRefGateway(t testing.TB, bin string, env []string) *refGateway {
