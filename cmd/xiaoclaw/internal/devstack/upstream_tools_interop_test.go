@@ -20,6 +20,7 @@ import (
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/eventually"
 	"github.com/xiaoclaw/xiaoclaw/pkg/openclawref"
+	"github.com/xiaoclaw/xiaoclaw/pkg/tenancy"
 	"github.com/xiaoclaw/xiaoclaw/services/shim/upstream"
 )
 
@@ -193,6 +194,30 @@ func TestInteropUpstreamPluginToolsAndEvents(t *testing.T) {
 	_ = json.Unmarshal(out, &invoked)
 	if err != nil || dev.Volume() != 55 || !invoked.OK || invoked.ToolName != "xiaozhi_self_audio_speaker_set_volume" {
 		t.Fatalf("tools.invoke of the agent tool: volume %d, %v\n%s", dev.Volume(), err, out)
+	}
+
+	// xiaoclaw's policy still decides: a deny rule for the upstream
+	// refuses the agent tool, and the device is not reached.
+	if _, err := home.Tenancy.Manager.AddRule(context.Background(), tenancy.Rule{Tenant: DevTenant, Effect: tenancy.EffectDeny,
+		Subject: upstream.Principal("ref"), Object: "*", Action: "mcp.tools.call:self.screen.set_theme"}); err != nil {
+		t.Fatal(err)
+	}
+	theme, calls := dev.Theme(), dev.Requests("tools/call")
+	out, err = cli.call("tools.invoke", map[string]any{"name": "xiaozhi_self_screen_set_theme", "args": map[string]any{"theme": "sepia"}})
+	invoked.OK = true
+	_ = json.Unmarshal(out, &invoked)
+	if err != nil || invoked.OK { // OpenClaw's tools.invoke says only "tool execution failed"
+		t.Fatalf("tools.invoke of a denied tool: %v\n%s", err, out)
+	}
+	// The same call as the agent tool sends it names the reason.
+	out, err = cli.call("node.invoke", map[string]any{"nodeId": nodeID, "command": "mcp.tools.call.v1",
+		"params":         map[string]any{"server": "xiaozhi", "tool": "self.screen.set_theme", "arguments": map[string]any{"theme": "sepia"}},
+		"idempotencyKey": "agent-tool-call-2"})
+	if err == nil || !strings.Contains(err.Error(), "POLICY_DENIED") {
+		t.Fatalf("node.invoke of a denied tool: %v\n%s", err, out)
+	}
+	if dev.Theme() != theme || dev.Requests("tools/call") != calls {
+		t.Fatalf("a denied call reached the device: theme %q", dev.Theme())
 	}
 
 	// The catalog changes on the device: the new tool appears upstream.
