@@ -39,6 +39,8 @@ type fakeGateway struct {
 	refuse func(n int, p connectParams) *gwError
 
 	methods []string // hello-ok features.methods
+	// refuseMethods answers requests of these methods with the error.
+	refuseMethods map[string]gwError
 
 	mu            sync.Mutex
 	connects      []connectParams
@@ -235,8 +237,13 @@ func (g *fakeGateway) serve(w http.ResponseWriter, r *http.Request) {
 			continue
 		}
 		fc.reqs <- f
-		var id string
+		var id, method string
 		_ = json.Unmarshal(f["id"], &id)
+		_ = json.Unmarshal(f["method"], &method)
+		if e, ok := g.refuseMethods[method]; ok {
+			_ = write(map[string]any{"type": "res", "id": id, "ok": false, "error": e})
+			continue
+		}
 		_ = write(map[string]any{"type": "res", "id": id, "ok": true, "payload": map[string]any{"ok": true}})
 	}
 }

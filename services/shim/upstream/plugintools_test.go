@@ -13,6 +13,7 @@ import (
 	"unicode/utf16"
 	"unicode/utf8"
 
+	"github.com/xiaoclaw/xiaoclaw/pkg/eventually"
 	"github.com/xiaoclaw/xiaoclaw/pkg/occlient"
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
 )
@@ -151,6 +152,10 @@ func TestLinkPublishesItsCatalogOnceOnlineAndOnChange(t *testing.T) {
 	if ev.Event != eventPresenceAlive || !strings.Contains(ev.PayloadJSON, `"trigger":"connect"`) {
 		t.Fatalf("presence on connect: %+v", ev)
 	}
+	eventually.True(t, "the upstream's answer in the status", func() bool {
+		a := l.Status().LastEvent
+		return a != nil && a.Event == eventPresenceAlive && a.Handled && a.Error == ""
+	})
 
 	// A burst of changes is one publication of the last catalog; the same
 	// catalog again is none.
@@ -248,4 +253,29 @@ func FuzzPluginToolsOf(f *testing.F) {
 			t.Fatal(err)
 		}
 	})
+}
+
+func TestLinkShowsARefusedCatalog(t *testing.T) {
+	gw := newFakeGateway(t)
+	gw.refuseMethods = map[string]gwError{
+		methodPluginToolsUpdate: {Code: "INVALID_REQUEST", Message: "unknown method: node.pluginTools.update"},
+		methodNodeEvent:         {Code: "UNAVAILABLE", Message: "node pairing changed while invocation was active"},
+	}
+	timing := fastTiming
+	timing.ToolsDebounce = time.Millisecond
+	l := startLink(t, gw, timing, &fakeInvoker{})
+	reqs := &requestLog{c: gw.next(t)}
+	l.setCatalog(catalogOf("self.a"))
+	reqs.next(t, methodPluginToolsUpdate)
+	eventually.True(t, "the refusal in the status", func() bool {
+		st := l.Status()
+		return st.State == StateOnline && strings.Contains(st.ToolsError, "unknown method") && st.Tools == 0 &&
+			st.LastEvent != nil && strings.Contains(st.LastEvent.Error, "pairing changed")
+	})
+	// Refused params are not sent again on this connection; another
+	// catalog is.
+	l.setCatalog(catalogOf("self.a", "self.b"))
+	if got := toolNames(t, reqs.next(t, methodPluginToolsUpdate)); !slices.Equal(got, []string{"self.a", "self.b"}) {
+		t.Fatalf("after a refusal: %v", got)
+	}
 }
