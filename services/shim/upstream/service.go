@@ -166,13 +166,14 @@ type Service struct {
 	kick   chan struct{}
 	subs   map[string]*nats.Subscription // tenant -> its node events; Run's goroutine only
 
-	mu      sync.Mutex
-	devices map[string]wire.NodeRecord // registry key -> connected xiaozhi record
-	held    map[string]*heldLink       // lease key -> link run here
-	static  map[string]Upstream        // UpstreamKey -> configured upstream
-	stored  map[string]Upstream        // UpstreamKey -> stored upstream from the bucket
-	loading map[string]Upstream        // the bucket's entries while a watch replays them
-	ups     map[string]Upstream        // UpstreamKey -> upstream run: static over stored
+	mu         sync.Mutex
+	devices    map[string]wire.NodeRecord // registry key -> connected xiaozhi record
+	held       map[string]*heldLink       // lease key -> link run here
+	static     map[string]Upstream        // UpstreamKey -> configured upstream
+	stored     map[string]Upstream        // UpstreamKey -> stored upstream from the bucket
+	loading    map[string]Upstream        // the bucket's entries while a watch replays them
+	ups        map[string]Upstream        // UpstreamKey -> upstream run: static over stored
+	handshakes map[string]chan struct{}   // upstream URL -> its links' handshake slots
 }
 
 // heldLink is a link with the lease this worker holds for it.
@@ -219,7 +220,7 @@ func New(cfg Config, nc *nats.Conn, log *slog.Logger) (*Service, error) {
 	}
 	s := &Service{cfg: cfg, nc: nc, log: log.With("component", "upstream"), kick: make(chan struct{}, 1),
 		subs: map[string]*nats.Subscription{}, devices: map[string]wire.NodeRecord{}, held: map[string]*heldLink{},
-		static: static, stored: map[string]Upstream{}}
+		static: static, stored: map[string]Upstream{}, handshakes: map[string]chan struct{}{}}
 	s.mergeUpstreams()
 	return s, nil
 }
@@ -506,6 +507,11 @@ func (s *Service) applyNode(e jetstream.KeyValueEntry) {
 		return
 	}
 	s.devices[e.Key()] = rec
+	for _, u := range s.cfg.Upstreams { // the catalog changed, or may have
+		if h := s.held[linkKey(u.Tenant, u.Name, rec.NodeID)]; h != nil && u.Tenant == rec.Tenant {
+			h.link.setCatalog(rec.Tools)
+		}
+	}
 }
 
 // want is a link that should run somewhere.
@@ -596,14 +602,22 @@ func (s *Service) take(ctx context.Context, w want) {
 		h.warn = "TLS certificate not verified (insecureSkipVerify)"
 		s.log.Warn("upstream link does not verify the gateway's TLS certificate", "link", key, "upstream", w.up)
 	}
+	s.mu.Lock()
+	slots := s.handshakes[w.up.URL]
+	if slots == nil {
+		slots = newHandshakeSlots()
+		s.handshakes[w.up.URL] = slots
+	}
+	s.mu.Unlock()
 	inv := recordInvoker{s: s, tenant: w.up.Tenant, name: w.up.Name}
 	h.link = newLink(linkConfig{upstream: w.up, node: nodeOf(w.rec), identity: identity, invoker: inv,
-		timing: s.cfg.Timing, log: s.log, onStatus: func(st Status) {
+		timing: s.cfg.Timing, log: s.log, handshakes: slots, onStatus: func(st Status) {
 			// Best effort: the periodic refresh writes the state again.
 			wctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 			defer cancel()
 			_ = s.writeLease(wctx, h, st)
 		}})
+	h.link.setCatalog(w.rec.Tools)
 	lctx, cancel := context.WithCancel(context.Background())
 	h.cancel = cancel
 	s.mu.Lock()

@@ -12,7 +12,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -34,17 +33,16 @@ const refGatewayToken = "ref-gateway-token-0123456789"
 // refGateway is `openclaw gateway run` on a loopback port with its own
 // HOME, configured to admit the MCP bridge commands from nodes.
 type refGateway struct {
-	t        *testing.T
-	bin      string
-	env      []string
-	home     string
-	port     int
-	cmd      *exec.Cmd
-	log      bytes.Buffer
-	stopOnce func()
+	t    testing.TB
+	bin  string
+	env  []string
+	home string
+	port int
+	cmd  *exec.Cmd
+	log  bytes.Buffer
 }
 
-func startRefGateway(t *testing.T, bin string, env []string) *refGateway {
+func startRefGateway(t testing.TB, bin string, env []string) *refGateway {
 	t.Helper()
 	return startRefGatewayAuth(t, bin, env, map[string]any{"mode": "token", "token": refGatewayToken})
 }
@@ -280,41 +278,6 @@ func TestInteropUpstreamRealOpenClawGateway(t *testing.T) {
 	}
 	if err != nil || dev.Volume() != 61 {
 		t.Fatalf("invoke after the gateway restart: volume %d, %v\n%s", dev.Volume(), err, out)
-	}
-
-	// A wrong token: the link says so and does not spin.
-	nc, err := home.Connect("wrong-upstream")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	wrong, err := upstream.New(upstream.Config{Instance: "wrong", Invoker: &upstream.GatewayInvoker{},
-		Upstreams: []upstream.Upstream{{Name: "wrong", Tenant: DevTenant, URL: url, Token: "not-the-token"}}},
-		nc, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go func() { _ = wrong.Run(ctx) }()
-	var disabled upstream.Status
-	deadline = time.Now().Add(time.Minute)
-	for disabled.State != upstream.StateDisabled {
-		if time.Now().After(deadline) {
-			t.Fatalf("wrong-token link status %+v", wrong.Status())
-		}
-		time.Sleep(50 * time.Millisecond) // polling a state
-		if s := wrong.Status(); len(s) == 1 {
-			disabled = s[0]
-		}
-	}
-	if !strings.Contains(disabled.LastError, "token") || strings.Contains(disabled.LastError, "not-the-token") {
-		t.Fatalf("wrong-token status %+v", disabled)
-	}
-	t.Logf("wrong token: %s", disabled.LastError)
-	time.Sleep(3 * time.Second) // three default backoff floors: a spinning link would have re-entered a state
-	if s := wrong.Status(); len(s) != 1 || s[0].State != upstream.StateDisabled || s[0].SinceMs != disabled.SinceMs {
-		t.Fatalf("wrong-token link moved on: %+v", s)
 	}
 }
 
