@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -61,14 +62,10 @@ user and password.`,
 				return err
 			}
 			w := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(w, "TENANT\tUPSTREAM\tNODE\tSTATE\tSINCE\tHOLDER\tUPSTREAM NODE ID\tDETAIL")
+			fmt.Fprintln(w, "TENANT\tUPSTREAM\tNODE\tSTATE\tSINCE\tHOLDER\tUPSTREAM NODE ID\tTOOLS\tDETAIL")
 			for _, s := range sts {
-				detail := s.LastError
-				if s.RequestID != "" {
-					detail = "approve request " + s.RequestID + ": " + detail
-				}
-				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.Tenant, s.Upstream, s.NodeID, s.State,
-					time.UnixMilli(s.SinceMs).Format("15:04:05"), s.Holder, s.DeviceID, detail)
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", s.Tenant, s.Upstream, s.NodeID, s.State,
+					time.UnixMilli(s.SinceMs).Format("15:04:05"), s.Holder, s.DeviceID, s.Tools, statusDetail(s))
 			}
 			return w.Flush()
 		},
@@ -81,4 +78,23 @@ user and password.`,
 	cmd.AddCommand(status)
 	cmd.AddCommand(admincmd.UpstreamCommands(env)...)
 	return cmd
+}
+
+// statusDetail is the DETAIL column of a link: what to do or what went
+// wrong, then any warning about its setup or refusal of its tools.
+func statusDetail(s upstream.Status) string {
+	var parts []string
+	switch {
+	case s.RequestID != "":
+		parts = append(parts, "approve request "+s.RequestID+": "+s.LastError)
+	case s.LastError != "":
+		parts = append(parts, s.LastError)
+	}
+	if s.ToolsError != "" {
+		parts = append(parts, "plugin tools refused: "+s.ToolsError)
+	}
+	if s.Warning != "" {
+		parts = append(parts, "warning: "+s.Warning)
+	}
+	return strings.Join(parts, "; ")
 }

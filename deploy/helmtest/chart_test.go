@@ -1,6 +1,7 @@
 package helmtest
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -659,5 +660,56 @@ func TestTraceSamplingDefault(t *testing.T) {
 	r := renderScenario(t, chart, scenario{name: "sample-half", args: []string{"--set", "otel.samplerArg=0.5"}})
 	if got := samplers(r); len(got) != 1 || got["parentbased_traceidratio 0.5"] == "" {
 		t.Errorf("with otel.samplerArg=0.5: %v", got)
+	}
+}
+
+// TestShimsReachTheGateway: the shims run the stored upstreams, whose calls go through the
+// gateway: they get its Service URL, the gateway admits them even when allowFrom restricts
+// it, and with egress restricted they may reach its port.
+func TestShimsReachTheGateway(t *testing.T) {
+	chart := stagedChart(t)
+	for _, sc := range scenarios(t) {
+		sc.args = append(sc.args, "--set", "networkPolicy.egress.enabled=true",
+			"--set", "gateway.allowFrom[0].namespaceSelector.matchLabels.team=ops")
+		t.Run(sc.name, func(t *testing.T) {
+			r := renderScenario(t, chart, sc)
+			deps := r.deployments(t)
+			shim, gw := deps["shim"], deps["gateway"]
+			var port int32
+			var svcName string
+			for _, s := range decodeAll[corev1.Service](t, r.all("Service")) {
+				if selects(s.Spec.Selector, gw.Spec.Template.Labels) && len(s.Spec.Ports) > 0 && s.Spec.ClusterIP != "None" {
+					svcName, port = s.Name, s.Spec.Ports[0].Port
+				}
+			}
+			want := fmt.Sprintf("ws://%s:%d", svcName, port)
+			if got := r.configFor(t, shim.Spec.Template.Spec.Containers[0])["XIAOCLAW_GATEWAY_URL"]; svcName == "" || got != want {
+				t.Fatalf("shim XIAOCLAW_GATEWAY_URL %q, want %q", got, want)
+			}
+			admitted, egress := false, false
+			for _, p := range decodeAll[networkingv1.NetworkPolicy](t, r.all("NetworkPolicy")) {
+				switch {
+				case selects(p.Spec.PodSelector.MatchLabels, gw.Spec.Template.Labels):
+					for _, rule := range p.Spec.Ingress {
+						for _, from := range rule.From {
+							if from.PodSelector != nil && selects(from.PodSelector.MatchLabels, shim.Spec.Template.Labels) {
+								admitted = true
+							}
+						}
+					}
+				case selects(p.Spec.PodSelector.MatchLabels, shim.Spec.Template.Labels):
+					for _, rule := range p.Spec.Egress {
+						for _, pp := range rule.Ports {
+							if pp.Port != nil && pp.Port.IntValue() == int(port) {
+								egress = true
+							}
+						}
+					}
+				}
+			}
+			if !admitted || !egress {
+				t.Fatalf("gateway admits the shims: %v; shims may reach port %d: %v", admitted, port, egress)
+			}
+		})
 	}
 }

@@ -70,6 +70,7 @@ type natsUser struct {
 	Permissions struct {
 		Publish struct {
 			Allow []string `json:"allow"`
+			Deny  []string `json:"deny"`
 		} `json:"publish"`
 		Subscribe struct {
 			Allow []string `json:"allow"`
@@ -126,6 +127,9 @@ func TestBundledNATSEnforcesServicePermissions(t *testing.T) {
 		{"gateway", "xc.acme.dev.a1b2c3d4e5f6.rpc", true, false}, // only through the shim
 		{"devicehub", "xc._sys.tenancy.changed", true, false},
 		{"devicehub", "_INBOX_gateway.x", false, false},
+		{"gateway", "$KV.xc_upstreams.acme.lab", true, true}, // writes the stored upstreams
+		{"shim", "$KV.xc_upstreams.acme.lab", true, false},   // only reads them
+		{"shim", "xc.acme.node.event", false, true},          // forwards them upstream
 	} {
 		u, ok := users[c.user]
 		if !ok {
@@ -135,8 +139,46 @@ func TestBundledNATSEnforcesServicePermissions(t *testing.T) {
 		if c.publish {
 			allow = u.Permissions.Publish.Allow
 		}
-		if got := anyMatch(allow, c.subject); got != c.want {
+		got := anyMatch(allow, c.subject)
+		if c.publish && anyMatch(u.Permissions.Publish.Deny, c.subject) {
+			got = false
+		}
+		if got != c.want {
 			t.Errorf("%s may %s %s: %v, want %v", c.user, map[bool]string{true: "publish", false: "subscribe"}[c.publish], c.subject, got, c.want)
+		}
+	}
+}
+
+// The devicehub's JetStream API access stops at the stored upstreams'
+// bucket: no info, message, direct get or consumer request on it.
+func TestOnlyGatewayAndShimReadStoredUpstreams(t *testing.T) {
+	raw, err := os.ReadFile(filepath.Join(repoRoot(t), "deploy", "helm", "xiaoclaw", "values.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v struct {
+		Nats struct {
+			Config struct {
+				Merge struct {
+					Authorization struct {
+						Users []natsUser `json:"users"`
+					} `json:"authorization"`
+				} `json:"merge"`
+			} `json:"config"`
+		} `json:"nats"`
+	}
+	if err := yaml.Unmarshal(raw, &v); err != nil {
+		t.Fatal(err)
+	}
+	for _, u := range v.Nats.Config.Merge.Authorization.Users {
+		for _, subj := range []string{"$JS.API.STREAM.INFO.KV_xc_upstreams", "$JS.API.STREAM.MSG.GET.KV_xc_upstreams",
+			"$JS.API.DIRECT.GET.KV_xc_upstreams.$KV.xc_upstreams.acme.lab", "$JS.API.CONSUMER.CREATE.KV_xc_upstreams.c.$KV.xc_upstreams.>",
+			"$JS.API.CONSUMER.DURABLE.CREATE.KV_xc_upstreams.c"} {
+			p := u.Permissions.Publish
+			may := anyMatch(p.Allow, subj) && !anyMatch(p.Deny, subj)
+			if may != (u.User != "devicehub") {
+				t.Errorf("%s may publish %s: %v", u.User, subj, may)
+			}
 		}
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -27,8 +28,13 @@ import (
 
 // Options configure a connection.
 type Options struct {
-	URL    string // ws://127.0.0.1:18789
-	Token  string
+	URL   string // ws://127.0.0.1:18789 or wss://…
+	Token string
+	// Password is the gateway's shared password, sent instead of a token.
+	Password string
+	// TLS configures a wss:// connection (a private CA, or no verification
+	// for a self-signed test gateway); nil uses the system roots.
+	TLS    *tls.Config
 	Role   string   // default "operator"
 	Scopes []string // default operator.read + operator.write
 	// Identity signs the connect request when set.
@@ -57,7 +63,8 @@ type Options struct {
 	// included, as sent: for protocol tests. It runs on the read loop.
 	OnFrame func(Frame)
 	// HTTPHeader is sent with the WebSocket upgrade (e.g. X-Forwarded-For);
-	// HTTPClient, when set, makes it (e.g. from a chosen local address).
+	// HTTPClient, when set, makes it (e.g. from a chosen local address; TLS
+	// is then its transport's business).
 	HTTPHeader http.Header
 	HTTPClient *http.Client
 }
@@ -179,9 +186,13 @@ func Open(ctx context.Context, opts Options) (*Client, error) {
 	if opts.MaxProtocol == 0 {
 		opts.MaxProtocol = 4
 	}
-	conn, _, err := websocket.Dial(ctx, opts.URL, &websocket.DialOptions{
+	dopts := &websocket.DialOptions{
 		CompressionMode: websocket.CompressionDisabled, HTTPHeader: opts.HTTPHeader, HTTPClient: opts.HTTPClient,
-	})
+	}
+	if opts.TLS != nil && opts.HTTPClient == nil {
+		dopts.HTTPClient = &http.Client{Transport: &http.Transport{TLSClientConfig: opts.TLS, Proxy: http.ProxyFromEnvironment}}
+	}
+	conn, _, err := websocket.Dial(ctx, opts.URL, dopts)
 	if err != nil {
 		return nil, fmt.Errorf("connect %s: %w", opts.URL, err)
 	}
@@ -236,8 +247,11 @@ func (c *Client) handshake(ctx context.Context) error {
 	if c.opts.Commands != nil {
 		params["commands"] = c.opts.Commands
 	}
-	if c.opts.Token != "" {
+	switch {
+	case c.opts.Token != "":
 		params["auth"] = map[string]any{"token": c.opts.Token}
+	case c.opts.Password != "":
+		params["auth"] = map[string]any{"password": c.opts.Password}
 	}
 	if c.opts.Identity != nil {
 		signedAt := c.challenge.Ts

@@ -31,7 +31,17 @@ type ManagerConfig struct {
 	CheckRule func(*Rule) error
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
-	Log *slog.Logger
+	// Upstreams, when set, delivers the stored upstreams to the shims
+	// (UpstreamSync): a new upstream's caller token goes into its bucket
+	// entry only, and AddUpstream returns none.
+	Upstreams UpstreamDelivery
+	Log       *slog.Logger
+}
+
+// UpstreamDelivery hands stored upstreams to the shims.
+type UpstreamDelivery interface {
+	Deliver(ctx context.Context, u Upstream, callerToken string) error
+	Withdraw(ctx context.Context, tenant, name string) error
 }
 
 // Manager is the write path for tenants and everything they own: it

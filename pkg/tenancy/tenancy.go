@@ -176,7 +176,12 @@ type Store interface {
 	Upstream(ctx context.Context, tenant, name string) (Upstream, error)
 	// Upstreams returns the tenant's upstreams sorted by name.
 	Upstreams(ctx context.Context, tenant string) ([]Upstream, error)
+	// UpstreamTenants returns the tenants that have an upstream, sorted.
+	UpstreamTenants(ctx context.Context) ([]string, error)
 	DeleteUpstream(ctx context.Context, tenant, name string, at time.Time) error
+	// SetUpstreamCaller replaces the upstream's caller hash if it is still
+	// old, and reports whether it did.
+	SetUpstreamCaller(ctx context.Context, tenant, name, old, hash string, at time.Time) (bool, error)
 
 	Close() error
 }

@@ -174,8 +174,10 @@ func checkUpstream(tenant string, s UpstreamSpec) (Upstream, error) {
 
 // AddUpstream checks and stores an upstream of the tenant; ErrConflict if
 // the name is taken. It returns the upstream, which carries the gateway's
-// secret (callers must not echo it), and the caller token for its calls
-// through xiaoclaw's gateway, shown this once and stored hashed.
+// secret (callers must not echo it). The caller token for its calls
+// through xiaoclaw's gateway is stored hashed; with ManagerConfig.Upstreams
+// it goes to the shims in the upstream's bucket entry and is returned
+// empty, else it is returned, to be shown this once.
 func (m *Manager) AddUpstream(ctx context.Context, tenant string, s UpstreamSpec) (Upstream, string, error) {
 	up, err := checkUpstream(tenant, s)
 	if err != nil {
@@ -190,6 +192,12 @@ func (m *Manager) AddUpstream(ctx context.Context, tenant string, s UpstreamSpec
 	if err := m.cfg.Store.CreateUpstream(ctx, up); err != nil {
 		return Upstream{}, "", fmt.Errorf("upstream %q: %w", up.Name, err)
 	}
+	if m.cfg.Upstreams != nil {
+		if err := m.cfg.Upstreams.Deliver(ctx, up, caller); err != nil {
+			m.cfg.Log.Warn("upstream not delivered to the shims; the gateways' sync retries", "upstream", up, "err", err)
+		}
+		caller = ""
+	}
 	m.notify(ctx, tenant, wire.ChangeUpstream, up.Name)
 	return up, caller, nil
 }
@@ -201,6 +209,11 @@ func (m *Manager) RemoveUpstream(ctx context.Context, tenant, name string) error
 	}
 	if err := m.cfg.Store.DeleteUpstream(ctx, tenant, name, m.now()); err != nil {
 		return err
+	}
+	if m.cfg.Upstreams != nil {
+		if err := m.cfg.Upstreams.Withdraw(ctx, tenant, name); err != nil {
+			m.cfg.Log.Warn("upstream not withdrawn from the shims; the gateways' sync retries", "tenant", tenant, "name", name, "err", err)
+		}
 	}
 	m.notify(ctx, tenant, wire.ChangeUpstream, name)
 	return nil

@@ -62,6 +62,24 @@ func (s *SQLStore) Upstreams(ctx context.Context, tenant string) ([]Upstream, er
 	return out, rows.Err()
 }
 
+// UpstreamTenants returns the tenants that have an upstream, sorted.
+func (s *SQLStore) UpstreamTenants(ctx context.Context) ([]string, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT DISTINCT tenant FROM upstreams ORDER BY tenant`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var t string
+		if err := rows.Scan(&t); err != nil {
+			return nil, err
+		}
+		out = append(out, t)
+	}
+	return out, rows.Err()
+}
+
 // DeleteUpstream removes an upstream of the tenant.
 func (s *SQLStore) DeleteUpstream(ctx context.Context, tenant, name string, at time.Time) error {
 	return s.inTx(ctx, func(tx *sql.Tx) error {
@@ -76,4 +94,26 @@ func (s *SQLStore) DeleteUpstream(ctx context.Context, tenant, name string, at t
 		}
 		return bump(ctx, tx, tenant, at)
 	})
+}
+
+// SetUpstreamCaller replaces the caller hash of an upstream if it still is
+// old (compare-and-set), so that of two replicas minting a caller token
+// for the same upstream only the one whose token is in the bucket wins. It
+// reports whether the hash was replaced.
+func (s *SQLStore) SetUpstreamCaller(ctx context.Context, tenant, name, old, hash string, at time.Time) (bool, error) {
+	var done bool
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
+		res, err := tx.ExecContext(ctx, `UPDATE upstreams SET caller_hash = $4 WHERE tenant = $1 AND name = $2 AND caller_hash = $3`,
+			tenant, name, old, hash)
+		if err != nil {
+			return err
+		}
+		n, err := res.RowsAffected()
+		if err != nil || n == 0 {
+			return err
+		}
+		done = true
+		return bump(ctx, tx, tenant, at)
+	})
+	return done, err
 }

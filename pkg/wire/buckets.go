@@ -3,6 +3,7 @@ package wire
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -16,6 +17,29 @@ func NodesBucketConfig() jetstream.KeyValueConfig {
 		Description: "xiaoclaw node registry",
 		History:     1,
 		Storage:     jetstream.FileStorage,
+	}
+}
+
+// BucketMCPSessions is the JetStream KV bucket of the gateways' MCP
+// sessions, so any replica serves any request of a session; keys are
+// "<tenant>.<principal hash>.<session id>".
+const BucketMCPSessions = "xc_mcp_sessions"
+
+// MCPSessionTTL is how long an MCP session's record outlives its last
+// refresh: a session idle that long has ended everywhere.
+const MCPSessionTTL = time.Hour
+
+// MCPSessionsBucketConfig is the configuration of BucketMCPSessions: the
+// latest record per session, in memory (a NATS restart ends the sessions,
+// which clients then open again), expiring MCPSessionTTL after its last
+// write. The gateways create it.
+func MCPSessionsBucketConfig() jetstream.KeyValueConfig {
+	return jetstream.KeyValueConfig{
+		Bucket:      BucketMCPSessions,
+		Description: "xiaoclaw gateway MCP sessions",
+		History:     1,
+		TTL:         MCPSessionTTL,
+		Storage:     jetstream.MemoryStorage,
 	}
 }
 
@@ -39,4 +63,24 @@ func OpenBucket(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyVa
 		return kv2, nil
 	}
 	return nil, err
+}
+
+// BucketUpstreams is the JetStream KV bucket of the tenants' stored
+// upstream OpenClaw gateways, one UpstreamEntry per upstream under
+// UpstreamKey(tenant, name). The gateways render it from the tenancy
+// store (pkg/tenancy.UpstreamSync); the shims watch it and run the links.
+// It holds secrets (the OpenClaw gateway's token or password and the
+// caller token): only the gateway's and the shim's NATS users may read it.
+const BucketUpstreams = "xc_upstreams"
+
+// UpstreamsBucketConfig is the configuration of BucketUpstreams: the latest
+// entry per upstream only, on disk, so that a NATS restart does not lose
+// the caller tokens the tenancy store keeps only hashed.
+func UpstreamsBucketConfig() jetstream.KeyValueConfig {
+	return jetstream.KeyValueConfig{
+		Bucket:      BucketUpstreams,
+		Description: "xiaoclaw stored upstream OpenClaw gateways",
+		History:     1,
+		Storage:     jetstream.FileStorage,
+	}
 }

@@ -390,6 +390,9 @@ func (s *Service) Run(ctx context.Context) error {
 	s.reg.OnChange(s.onRegistryChange)
 	if s.mcp != nil {
 		s.reg.OnChange(s.mcp.NodeChanged)
+		if err := s.shareMCPSessions(ctx, runCtx); err != nil {
+			return err
+		}
 	}
 	regErr := make(chan error, 1)
 	go func() { regErr <- s.reg.Run(runCtx) }()

@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"strconv"
 	"time"
@@ -22,8 +23,13 @@ type MCPConfig struct {
 	Disabled bool
 	// PageSize is the number of tools per tools/list page. Default 100.
 	PageSize int
-	// SessionTimeout ends an MCP session idle for that long. Default 30 min.
+	// SessionTimeout closes a replica's copy of an MCP session idle for
+	// that long; the session itself ends after wire.MCPSessionTTL unused.
+	// Default 30 min.
 	SessionTimeout time.Duration
+	// MaxSessionsPerPrincipal caps the MCP sessions one token has open
+	// across the replicas. Default 100.
+	MaxSessionsPerPrincipal int
 	// NotifyDelay collects a tenant's node changes for that long before its
 	// sessions hear tools/list_changed. Default 100 ms.
 	NotifyDelay time.Duration
@@ -37,8 +43,19 @@ func (s *Service) newMCPServer() (*mcpserver.Server, error) {
 	return mcpserver.New(mcpserver.Config{
 		Auth: s.cfg.Auth, Authorizer: s.cfg.Authorizer, Nodes: registryView{s}, Invoker: mcpInvoker{s},
 		Groups: s.cfg.MCP.Groups, Throttle: mcpThrottle{s}, Version: s.cfg.Version, PageSize: s.cfg.MCP.PageSize,
-		SessionTimeout: s.cfg.MCP.SessionTimeout, MaxRequestBytes: s.cfg.MaxPayload, NotifyDelay: s.cfg.MCP.NotifyDelay, Log: s.log,
+		SessionTimeout: s.cfg.MCP.SessionTimeout, MaxRequestBytes: s.cfg.MaxPayload, NotifyDelay: s.cfg.MCP.NotifyDelay,
+		MaxSessionsPerPrincipal: s.cfg.MCP.MaxSessionsPerPrincipal, Log: s.log,
 	})
+}
+
+// shareMCPSessions keeps the MCP sessions in the bucket every replica
+// reads, so any replica serves any request of a session (docs/mcp.md).
+func (s *Service) shareMCPSessions(ctx, runCtx context.Context) error {
+	kv, err := wire.OpenBucket(ctx, s.js, wire.MCPSessionsBucketConfig())
+	if err != nil {
+		return fmt.Errorf("gateway: MCP sessions bucket: %w", err)
+	}
+	return s.mcp.ShareSessions(runCtx, kv)
 }
 
 // MCPSessions reports the number of MCP sessions open on this replica.

@@ -25,11 +25,13 @@ func (a *api) getUpstream(r *http.Request) (int, any, error) {
 }
 
 // NewUpstream answers POST /api/tenants/{tenant}/upstreams: the stored
-// upstream without the gateway's secret, and the caller token for its
-// calls through xiaoclaw's gateway (principal upstream:<name>), shown once.
+// upstream without the gateway's secret. CallerToken, the token of its
+// calls through xiaoclaw's gateway (principal upstream:<name>), is shown
+// once only where the gateway does not deliver it to the shims itself
+// (tenancy.ManagerConfig.Upstreams); a production gateway never shows it.
 type NewUpstream struct {
 	Upstream    tenancy.Upstream `json:"upstream"`
-	CallerToken string           `json:"callerToken"`
+	CallerToken string           `json:"callerToken,omitempty"`
 }
 
 func (a *api) addUpstream(r *http.Request) (int, any, error) {

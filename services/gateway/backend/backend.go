@@ -77,6 +77,11 @@ type Backend struct {
 	// DB pings the tenancy store's database (the "db" readiness check and
 	// xiaoclaw_db_connected) while its Run runs.
 	DB *ops.DBHealth
+	// Upstreams keeps the stored upstreams' bucket (xc_upstreams) the shims
+	// run them from equal to the store while its Run runs; the Manager
+	// delivers added and removed upstreams through it, and the Watcher
+	// tells it about changes.
+	Upstreams *tenancy.UpstreamSync
 
 	log     *slog.Logger
 	closers []func()
@@ -122,8 +127,15 @@ func (b *Backend) open(ctx context.Context, cfg Config, nc *nats.Conn) error {
 	if b.DB, err = ops.NewDBHealth(ops.DBHealthConfig{Ping: b.Store.DB().PingContext}, log); err != nil {
 		return err
 	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	if b.Upstreams, err = tenancy.NewUpstreamSync(tenancy.UpstreamSyncConfig{Store: b.Store, JS: js}, log); err != nil {
+		return err
+	}
 	if b.Manager, err = tenancy.NewManager(tenancy.ManagerConfig{Store: b.Store, CheckRule: policy.CheckRule,
-		Notify: tenancy.NATSNotifier(nc), Log: log}); err != nil {
+		Notify: tenancy.NATSNotifier(nc), Upstreams: b.Upstreams, Log: log}); err != nil {
 		return err
 	}
 	b.Operators = tenancy.NewOperatorAuth(b.Store, tenancy.CacheConfig{}, log)
@@ -138,10 +150,6 @@ func (b *Backend) open(ctx context.Context, cfg Config, nc *nats.Conn) error {
 		return err
 	}
 	if b.Policy, err = policy.New(policy.Config{Store: b.Store, Log: log}); err != nil {
-		return err
-	}
-	js, err := jetstream.New(nc)
-	if err != nil {
 		return err
 	}
 	acts := cfg.Activations
@@ -212,13 +220,14 @@ func (b *Backend) Configure(cfg *gateway.Config) {
 }
 
 // Watcher keeps the backend's caches current from tenancy change notices
-// on nc and then calls recheck (a gateway's re-check of its live
-// connections) unless it is nil.
+// on nc, then calls recheck (a gateway's re-check of its live connections)
+// unless it is nil, then tells Upstreams.
 func (b *Backend) Watcher(nc *nats.Conn, recheck tenancy.ChangeHandler) *tenancy.Watcher {
 	handlers := []tenancy.ChangeHandler{b.Operators, b.Devices, b.Policy}
 	if recheck != nil {
 		handlers = append(handlers, recheck)
 	}
+	handlers = append(handlers, b.Upstreams)
 	return tenancy.NewWatcher(nc, tenancy.WatcherConfig{Store: b.Store}, b.log, handlers...)
 }
 

@@ -77,3 +77,54 @@ func BenchmarkToolsList(b *testing.B) {
 		perPage(b)
 	})
 }
+
+// BenchmarkToolCall measures one tools/call through Streamable HTTP with
+// the Go SDK client against an invoker that answers at once: the MCP
+// layer's own cost (HTTP, the SDKs' JSON-RPC, this package) without the
+// invoke path.
+//   - local: the session on the replica that opened it (no shared bucket);
+//   - copy: on the other replica of a pair, which holds a copy restored
+//     from the shared bucket;
+//   - restore: on the other replica after it dropped its copy, so each
+//     call first reads the record and connects a new copy.
+func BenchmarkToolCall(b *testing.B) {
+	ctx := context.Background()
+	params := &mcp.CallToolParams{Name: "Kitchen_speaker__self_get_device_status", Arguments: map[string]any{}}
+	call := func(b *testing.B, cs *mcp.ClientSession) {
+		if res, err := cs.CallTool(ctx, params); err != nil || res.IsError {
+			b.Fatal(err, res)
+		}
+	}
+	b.Run("local", func(b *testing.B) {
+		h := newHarness(b, Config{})
+		h.nodes.set(device("acme", "xz-1", "Kitchen speaker", "self.get_device_status"))
+		cs := h.connect("op-a", "/mcp", nil)
+		b.ReportAllocs()
+		for b.Loop() {
+			call(b, cs)
+		}
+	})
+	pair := func(b *testing.B) (*replicaPair, *mcp.ClientSession) {
+		p := newReplicaPair(b, Config{})
+		p.nodes.set(device("acme", "xz-1", "Kitchen speaker", "self.get_device_status"))
+		cs, lb := p.connect("op-a", nil, false)
+		lb.pin.Store(p.b)
+		call(b, cs)
+		return p, cs
+	}
+	b.Run("copy", func(b *testing.B) {
+		_, cs := pair(b)
+		b.ReportAllocs()
+		for b.Loop() {
+			call(b, cs)
+		}
+	})
+	b.Run("restore", func(b *testing.B) {
+		p, cs := pair(b)
+		b.ReportAllocs()
+		for b.Loop() {
+			p.b.srv.closeLocal(cs.ID())
+			call(b, cs)
+		}
+	})
+}

@@ -131,3 +131,34 @@ func FuzzToolCall(f *testing.F) {
 		}
 	})
 }
+
+// FuzzDeviceResult: the fast reading of a device's result gives what the
+// SDK's decoder gives, for any bytes a device may send.
+func FuzzDeviceResult(f *testing.F) {
+	for _, s := range []string{
+		`{"content":[{"type":"text","text":"true"}],"isError":false}`,
+		`{"content":[{"type":"text","text":"a"},{"type":"text","text":"\u00e9\ud83d"}],"isError":true}`,
+		`{"content":[{"type":"image","data":"AA==","mimeType":"image/png"}]}`,
+		`{"content":[{"type":"text","text":"x","annotations":{"priority":1}}],"structuredContent":{"v":1}}`,
+		`{"content":[],"isError":null}`, `{"content":null}`, `{"Content":[{"type":"text","text":"x"}]}`,
+		`{"content":[{"type":"text","text":"x"}],"content":[{"type":"text","text":"y"}]}`,
+		`{"content":[{"TYPE":"text","text":"x"}]}`, `{"content":[null]}`, `"plain"`, `[1]`, `{"content":[{"type":"text","text":"\xff"}]}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, payload []byte) {
+		fast, ok := textResult(payload)
+		if !ok {
+			return
+		}
+		var slow mcp.CallToolResult
+		if err := slow.UnmarshalJSON(payload); err != nil {
+			t.Fatalf("read %s as a text result; the SDK refuses it: %v", payload, err)
+		}
+		a, errA := json.Marshal(fast)
+		b, errB := json.Marshal(&slow)
+		if errA != nil || errB != nil || string(a) != string(b) {
+			t.Fatalf("payload %s: fast %s (%v), SDK %s (%v)", payload, a, errA, b, errB)
+		}
+	})
+}

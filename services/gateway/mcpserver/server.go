@@ -6,8 +6,9 @@
 // notifications/tools/list_changed when a node in its scope connects,
 // disconnects or changes its catalog. A session sees the whole tenant
 // (/mcp), one node with the device's own tool names (/mcp/nodes/{nodeId}),
-// or a policy group of nodes (/mcp/groups/{group}). docs/mcp.md is the
-// user guide.
+// or a policy group of nodes (/mcp/groups/{group}). Sessions are shared
+// by the gateway replicas through a NATS KV bucket (shared.go), so any
+// replica serves any request of a session. docs/mcp.md is the user guide.
 package mcpserver
 
 import (
@@ -25,6 +26,7 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/access"
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
@@ -102,11 +104,16 @@ type Config struct {
 	Version    string               // serverInfo.version
 	// PageSize is the number of tools per tools/list page. Default 100.
 	PageSize int
-	// SessionTimeout ends a session idle for that long. Default 30 min.
+	// SessionTimeout closes this replica's copy of a session idle for that
+	// long; a shared session's record lives on (wire.MCPSessionTTL) and
+	// the next request restores it. Default 30 min.
 	SessionTimeout time.Duration
 	// MaxRequestBytes caps an HTTP request body; larger answers 413.
 	// Default 1 MiB.
 	MaxRequestBytes int64
+	// MaxSessionsPerPrincipal caps the sessions a token has open (on every
+	// replica, when sessions are shared); one more answers 429. Default 100.
+	MaxSessionsPerPrincipal int
 	// NotifyDelay collects the node changes of a tenant for that long
 	// before sessions hear tools/list_changed. Default 100 ms.
 	NotifyDelay time.Duration
@@ -126,8 +133,12 @@ type Server struct {
 	sdk      *mcp.StreamableHTTPHandler
 	base     *mcp.Server // answers the SDK's per-request protocol version check
 
+	// store holds the sessions' records for every replica (ShareSessions);
+	// nil: sessions stay on this replica. Set before serving.
+	store jetstream.KeyValue
+
 	mu       sync.Mutex
-	sessions map[string]*session              // by Mcp-Session-Id, once initialized
+	sessions map[string]*session              // by Mcp-Session-Id, once initialized or restored
 	byTenant map[string]map[*session]struct{} // for list_changed
 
 	notify *notifier
@@ -146,6 +157,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.MaxRequestBytes <= 0 {
 		cfg.MaxRequestBytes = 1 << 20
+	}
+	if cfg.MaxSessionsPerPrincipal <= 0 {
+		cfg.MaxSessionsPerPrincipal = 100
 	}
 	if cfg.NotifyDelay <= 0 {
 		cfg.NotifyDelay = 100 * time.Millisecond
@@ -168,6 +182,7 @@ func New(cfg Config) (*Server, error) {
 		// The gateway is reached by its clients under any host name; a
 		// bearer token is required for every request instead.
 		DisableLocalhostProtection: true,
+		JSONResponse:               true,
 	})
 	return s, nil
 }
@@ -259,13 +274,27 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if id := r.Header.Get("Mcp-Session-Id"); id != "" {
-		s.mu.Lock()
-		sess := s.sessions[id]
-		s.mu.Unlock()
-		// Another principal's session, or one begun on another path, is
-		// one this request cannot name.
-		if sess != nil && (sess.principal != p || sess.scope != sc) {
+		sess, err := s.lookup(r.Context(), id, p, sc)
+		switch {
+		case errors.Is(err, errNoSession):
+			// Unknown, ended, or one this request cannot name: another
+			// principal's session, or one begun on another path. 404 tells
+			// the client to initialize a new one.
 			http.Error(w, "session not found", http.StatusNotFound)
+			return
+		case err != nil:
+			s.log.Warn("mcp: session lookup", "err", err)
+			w.Header().Set("Retry-After", "1")
+			http.Error(w, "MCP sessions unavailable; retry", http.StatusServiceUnavailable)
+			return
+		}
+		sess.touch()
+		if r.Method == http.MethodDelete {
+			s.end(w, r, sess)
+			return
+		}
+		if sess.restored {
+			s.serveCopy(w, r, sess)
 			return
 		}
 	} else if r.Method == http.MethodPost {
@@ -284,6 +313,16 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				return
 			}
 		}
+		if n, err := s.sessionsOf(r.Context(), p); err != nil {
+			s.log.Warn("mcp: count sessions", "err", err)
+			w.Header().Set("Retry-After", "1")
+			http.Error(w, "MCP sessions unavailable; retry", http.StatusServiceUnavailable)
+			return
+		} else if n >= s.cfg.MaxSessionsPerPrincipal {
+			http.Error(w, "too many MCP sessions open for this token (limit "+strconv.Itoa(s.cfg.MaxSessionsPerPrincipal)+
+				"): end unused ones with DELETE, or wait until they expire", http.StatusTooManyRequests)
+			return
+		}
 	}
 	ctx := context.WithValue(r.Context(), reqKey{}, &reqInfo{principal: p, scope: sc})
 	s.sdk.ServeHTTP(w, r.WithContext(ctx))
@@ -295,7 +334,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func (s *Server) authenticate(w http.ResponseWriter, r *http.Request) (access.Principal, bool) {
 	scheme, token, _ := strings.Cut(r.Header.Get("Authorization"), " ")
 	token = strings.TrimSpace(token)
-	challenge := `Bearer realm="xiaoclaw", resource_metadata="` + baseURL(r) + ProtectedResourcePath + `"`
+	challenge := func() string {
+		return `Bearer realm="xiaoclaw", resource_metadata="` + baseURL(r) + ProtectedResourcePath + `"`
+	}
 	if s.cfg.Throttle != nil {
 		if wait := s.cfg.Throttle.RetryAfter(r); wait > 0 {
 			w.Header().Set("Retry-After", strconv.Itoa(int((wait+time.Second-1)/time.Second)))
@@ -305,7 +346,7 @@ func (s *Server) authenticate(w http.ResponseWriter, r *http.Request) (access.Pr
 	}
 	if !strings.EqualFold(scheme, "Bearer") || token == "" {
 		s.failed(r, true)
-		w.Header().Set("WWW-Authenticate", challenge)
+		w.Header().Set("WWW-Authenticate", challenge())
 		http.Error(w, "missing bearer token: send Authorization: Bearer <operator token>", http.StatusUnauthorized)
 		return access.Principal{}, false
 	}
@@ -315,7 +356,7 @@ func (s *Server) authenticate(w http.ResponseWriter, r *http.Request) (access.Pr
 	switch {
 	case errors.Is(err, access.ErrUnauthenticated):
 		s.failed(r, false)
-		w.Header().Set("WWW-Authenticate", challenge+`, error="invalid_token", error_description="unknown, expired or revoked token"`)
+		w.Header().Set("WWW-Authenticate", challenge()+`, error="invalid_token", error_description="unknown, expired or revoked token"`)
 		http.Error(w, "invalid token", http.StatusUnauthorized)
 		return access.Principal{}, false
 	case err != nil || wire.ValidTenant(p.Tenant) != nil:

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"sort"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -19,30 +20,47 @@ import (
 )
 
 // session is one MCP session: a principal, a scope and its own SDK server
-// (through which it hears list_changed).
+// (through which it hears list_changed). It was opened on this replica (the
+// SDK's handler serves it) or restored from its record (restored: its own
+// transport serves it).
 type session struct {
 	s         *Server
 	id        string
 	principal access.Principal
 	scope     scope
 	server    *mcp.Server
-	ss        *mcp.ServerSession // set at initialize
+	ss        *mcp.ServerSession // set at register, under s.mu
 	inflight  atomic.Int64       // tools/call in progress
+
+	// Its record in the shared bucket (nil record: not shared).
+	key       string
+	record    []byte
+	rev       atomic.Uint64 // the record's revision this replica last wrote or read
+	refreshed atomic.Int64  // unix ns of the last refresh
+
+	restored  bool
+	transport *mcp.StreamableServerTransport // restored only
+	idleMu    sync.Mutex
+	inUse     int         // requests in progress, restored only
+	idle      *time.Timer // closes an idle restored copy
 }
 
 func (s *Server) newSession(p access.Principal, sc scope) *session {
 	sess := &session{s: s, id: newID(), principal: p, scope: sc}
+	sess.key = recordKey(p, sess.id)
 	sess.server = s.newSDKServer(sess)
 	return sess
 }
 
 // register makes an initialized session reachable by its id and by its
-// tenant's change notifications, until it ends.
-func (s *Server) register(sess *session, ss *mcp.ServerSession) {
+// tenant's change notifications, until it ends. It returns the session
+// registered under the id: sess, or one registered before (a repeated
+// initialize, a concurrent restore).
+func (s *Server) register(sess *session, ss *mcp.ServerSession) *session {
 	s.mu.Lock()
-	if _, ok := s.sessions[sess.id]; ok {
+	if other, ok := s.sessions[sess.id]; ok {
 		s.mu.Unlock()
-		return // a repeated initialize
+		return other
 	}
 	sess.ss = ss
 	s.sessions[sess.id] = sess
@@ -55,16 +73,33 @@ func (s *Server) register(sess *session, ss *mcp.ServerSession) {
 	s.mu.Unlock()
 	go func() {
 		_ = ss.Wait()
-		s.mu.Lock()
-		delete(s.sessions, sess.id)
-		if set := s.byTenant[sess.principal.Tenant]; set != nil {
-			delete(set, sess)
-			if len(set) == 0 {
-				delete(s.byTenant, sess.principal.Tenant)
-			}
+		if sess.idle != nil {
+			sess.idle.Stop()
 		}
-		s.mu.Unlock()
+		s.unregister(sess)
 	}()
+	return sess
+}
+
+// unregister makes a session unreachable here (idempotent).
+func (s *Server) unregister(sess *session) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.sessions[sess.id] == sess {
+		delete(s.sessions, sess.id)
+	}
+	if set := s.byTenant[sess.principal.Tenant]; set != nil {
+		delete(set, sess)
+		if len(set) == 0 {
+			delete(s.byTenant, sess.principal.Tenant)
+		}
+	}
+}
+
+func (sess *session) serverSession() *mcp.ServerSession {
+	sess.s.mu.Lock()
+	defer sess.s.mu.Unlock()
+	return sess.ss
 }
 
 // Close ends every session of this replica (the gateway's shutdown): their
@@ -95,12 +130,32 @@ func (sess *session) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 		switch method {
 		case "initialize":
 			res, err := next(ctx, method, req)
-			if err == nil {
-				if ss, ok := req.GetSession().(*mcp.ServerSession); ok {
-					sess.s.register(sess, ss)
+			if err != nil {
+				return res, err
+			}
+			ss, ok := req.GetSession().(*mcp.ServerSession)
+			if !ok {
+				return res, err
+			}
+			if sess.s.store != nil && sess.record == nil {
+				version := ""
+				if ir, ok := res.(*mcp.InitializeResult); ok {
+					version = ir.ProtocolVersion
+				}
+				if serr := sess.save(ctx, ss, version); serr != nil {
+					// A session other replicas cannot serve would fail
+					// behind a load balancer: refuse it now.
+					sess.s.log.Warn("mcp: store session", "err", serr)
+					go func() { _ = ss.Close() }()
+					return nil, &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: "MCP sessions unavailable; retry"}
 				}
 			}
+			sess.s.register(sess, ss)
 			return res, err
+		case "notifications/initialized":
+			if sess.restored {
+				return nil, nil // the replica that initialized the session had it
+			}
 		case "tools/list":
 			if r, ok := req.(*mcp.ListToolsRequest); ok {
 				return sess.listTools(ctx, r)
@@ -293,6 +348,9 @@ func deviceResult(payload json.RawMessage) *mcp.CallToolResult {
 	if len(payload) == 0 {
 		return &mcp.CallToolResult{Content: []mcp.Content{}}
 	}
+	if r, ok := textResult(payload); ok {
+		return r
+	}
 	var probe struct {
 		Content json.RawMessage `json:"content"`
 	}
@@ -303,6 +361,57 @@ func deviceResult(payload json.RawMessage) *mcp.CallToolResult {
 		}
 	}
 	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: string(payload)}}}
+}
+
+// textResult reads the usual device result, text content and maybe
+// isError and nothing else, as the SDK's decoder would (keys matched
+// exactly); ok is false for anything else. It spares a call the SDK
+// decoder's 32 KiB buffer, the MCP path's largest cost of our own.
+func textResult(payload []byte) (*mcp.CallToolResult, bool) {
+	var top map[string]json.RawMessage
+	if json.Unmarshal(payload, &top) != nil {
+		return nil, false
+	}
+	content := top["content"]
+	if len(content) == 0 || content[0] != '[' {
+		return nil, false
+	}
+	r := &mcp.CallToolResult{}
+	for k, v := range top {
+		switch k {
+		case "content":
+		case "isError":
+			if json.Unmarshal(v, &r.IsError) != nil {
+				return nil, false
+			}
+		default:
+			return nil, false
+		}
+	}
+	var items []map[string]json.RawMessage
+	if json.Unmarshal(content, &items) != nil {
+		return nil, false
+	}
+	r.Content = make([]mcp.Content, len(items))
+	for i, it := range items {
+		if string(it["type"]) != `"text"` {
+			return nil, false
+		}
+		tc := &mcp.TextContent{}
+		for k, v := range it {
+			switch k {
+			case "type":
+			case "text":
+				if json.Unmarshal(v, &tc.Text) != nil {
+					return nil, false
+				}
+			default:
+				return nil, false
+			}
+		}
+		r.Content[i] = tc
+	}
+	return r, true
 }
 
 // groupMembers asks for a group's nodes; without a NodeGroups no group

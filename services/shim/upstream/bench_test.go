@@ -40,8 +40,8 @@ func TestFakeGatewayProcess(t *testing.T) {
 }
 
 // BenchmarkLinkMemory reports the heap and stack one online link holds in
-// the shim (its WebSocket, read loop, tick watchdog and state), with the
-// upstream gateway in another process.
+// the shim (its WebSocket, read loop, tick watchdog, state and published
+// tool catalog), with the upstream gateway in another process.
 func BenchmarkLinkMemory(b *testing.B) {
 	cmd := exec.Command(os.Args[0], "-test.run=^TestFakeGatewayProcess$")
 	cmd.Env = append(os.Environ(), envFakeGateway+"=1")
@@ -71,6 +71,10 @@ func BenchmarkLinkMemory(b *testing.B) {
 		runtime.ReadMemStats(&m)
 		return m.HeapAlloc, m.StackInuse
 	}
+	// A XiaoZhi board's catalog: four tools with their schemas, as the
+	// simulated devices list them; each link keeps its descriptors.
+	catalog := catalogOf("self.get_device_status", "self.audio_speaker.set_volume", "self.screen.set_brightness",
+		"self.screen.set_theme")
 	for range b.N {
 		identities := make([]ed25519.PrivateKey, n)
 		for i := range identities {
@@ -88,6 +92,7 @@ func BenchmarkLinkMemory(b *testing.B) {
 				identity: identities[i], invoker: &fakeInvoker{}, timing: Timing{ConnectTimeout: 30 * time.Second},
 				log: slog.New(slog.DiscardHandler),
 			})
+			links[i].setCatalog(catalog)
 			wg.Add(1)
 			links[i].start(ctx, wg.Done)
 		}

@@ -31,15 +31,21 @@ type fakeGateway struct {
 	sendTicks bool
 	// silent accepts the WebSocket and never sends the challenge.
 	silent bool
-	token  string
+	// holdFor, when set, has the gateway close a silent socket itself
+	// after that long.
+	holdFor time.Duration
+	token   string
 	// refuse decides, per connect, on an error answer; nil accepts.
 	refuse func(n int, p connectParams) *gwError
 
 	methods []string // hello-ok features.methods
+	// refuseMethods answers requests of these methods with the error.
+	refuseMethods map[string]gwError
 
-	mu       sync.Mutex
-	connects []connectParams
-	conns    chan *fakeConn
+	mu            sync.Mutex
+	connects      []connectParams
+	open, maxOpen int // silent sockets open now, at most
+	conns         chan *fakeConn
 }
 
 type gwError struct {
@@ -123,8 +129,23 @@ func (g *fakeGateway) serve(w http.ResponseWriter, r *http.Request) {
 	if g.silent {
 		g.mu.Lock()
 		g.connects = append(g.connects, connectParams{})
+		g.open++
+		g.maxOpen = max(g.maxOpen, g.open)
 		g.mu.Unlock()
-		_, _, _ = ws.Read(ctx) // until the node gives up
+		done := make(chan struct{})
+		go func() { _, _, _ = ws.Read(ctx); close(done) }() // until the node gives up
+		if g.holdFor > 0 {
+			select {
+			case <-done:
+			case <-time.After(g.holdFor):
+			}
+		} else {
+			<-done
+		}
+		g.mu.Lock()
+		g.open-- // before the close: the node sees it after this
+		g.mu.Unlock()
+		_ = ws.CloseNow()
 		return
 	}
 	nonce := "nonce-" + strconv.FormatInt(time.Now().UnixNano(), 10)
@@ -216,8 +237,13 @@ func (g *fakeGateway) serve(w http.ResponseWriter, r *http.Request) {
 			continue
 		}
 		fc.reqs <- f
-		var id string
+		var id, method string
 		_ = json.Unmarshal(f["id"], &id)
+		_ = json.Unmarshal(f["method"], &method)
+		if e, ok := g.refuseMethods[method]; ok {
+			_ = write(map[string]any{"type": "res", "id": id, "ok": false, "error": e})
+			continue
+		}
 		_ = write(map[string]any{"type": "res", "id": id, "ok": true, "payload": map[string]any{"ok": true}})
 	}
 }

@@ -13,27 +13,66 @@ import (
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
 )
 
+// CallerInvoker is an Invoker that runs a call with the upstream's own
+// record at hand (its caller token). The Service reads the record at each
+// call, so a new caller token takes effect without restarting the links.
+type CallerInvoker interface {
+	InvokeAs(ctx context.Context, up Upstream, call Call) (json.RawMessage, *wire.Fault)
+}
+
+// recordInvoker is the Invoker of one upstream's links: it runs the call
+// with the upstream's current record.
+type recordInvoker struct {
+	s            *Service
+	tenant, name string
+}
+
+func (r recordInvoker) Invoke(ctx context.Context, call Call) (json.RawMessage, *wire.Fault) {
+	ci, ok := r.s.cfg.Invoker.(CallerInvoker)
+	if !ok {
+		return r.s.cfg.Invoker.Invoke(ctx, call)
+	}
+	up, ok := r.s.upstream(r.tenant, r.name)
+	if !ok {
+		return nil, &wire.Fault{Code: wire.FaultUnavailable, Message: "upstream " + r.name + " was removed"}
+	}
+	return ci.InvokeAs(ctx, up, call)
+}
+
 // GatewayInvoker runs upstream calls as node.invoke on xiaoclaw's own
 // gateway, over one operator connection per upstream authenticated with the
-// upstream's principal token. The gateway is the one policy decision point:
-// the call is authorized, audited, deduplicated and limited there exactly as
-// an operator's call, with principal "upstream:<name>".
+// upstream's caller token (Upstream.CallerToken). The gateway is the one
+// policy decision point: the call is authorized, audited, deduplicated and
+// limited there exactly as an operator's call, with principal
+// "upstream:<name>".
 type GatewayInvoker struct {
 	URL string // xiaoclaw gateway, ws://host:port
-	// Tokens maps an upstream name to the xiaoclaw operator token whose
-	// principal is "upstream:<name>".
-	Tokens map[string]string
 
 	mu      sync.Mutex
-	clients map[string]*occlient.Client
+	clients map[string]gatewayClient // tenant.name -> connection
+}
+
+// gatewayClient is a connection with the caller token it was opened with.
+type gatewayClient struct {
+	c     *occlient.Client
+	token string
 }
 
 // maxIdempotencyKey is the gateway's bound on node.invoke's idempotencyKey.
 const maxIdempotencyKey = 256
 
-// Invoke implements Invoker.
-func (g *GatewayInvoker) Invoke(ctx context.Context, call Call) (json.RawMessage, *wire.Fault) {
-	c, err := g.client(ctx, call.Upstream)
+// Invoke implements Invoker: without the upstream's record there is no
+// caller token, so the call is refused (the Service calls InvokeAs).
+func (g *GatewayInvoker) Invoke(context.Context, Call) (json.RawMessage, *wire.Fault) {
+	return nil, &wire.Fault{Code: wire.FaultUnavailable, Message: "no caller token for the upstream"}
+}
+
+// InvokeAs implements CallerInvoker.
+func (g *GatewayInvoker) InvokeAs(ctx context.Context, up Upstream, call Call) (json.RawMessage, *wire.Fault) {
+	if up.CallerToken == "" {
+		return nil, &wire.Fault{Code: wire.FaultUnavailable, Message: "no caller token for upstream " + up.Name}
+	}
+	c, err := g.client(ctx, up)
 	if err != nil {
 		return nil, &wire.Fault{Code: wire.FaultUnavailable, Message: "xiaoclaw gateway unreachable: " + err.Error()}
 	}
@@ -100,32 +139,33 @@ func faultOf(ctx context.Context, err error) *wire.Fault {
 }
 
 // client returns the live connection of an upstream's principal, dialing
-// it when there is none.
-func (g *GatewayInvoker) client(ctx context.Context, upstream string) (*occlient.Client, error) {
+// it when there is none or the caller token changed.
+func (g *GatewayInvoker) client(ctx context.Context, up Upstream) (*occlient.Client, error) {
+	key := up.Tenant + "." + up.Name
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if c := g.clients[upstream]; c != nil {
+	if gc, ok := g.clients[key]; ok {
 		select {
-		case <-c.Done():
+		case <-gc.c.Done():
 		default:
-			return c, nil
+			if gc.token == up.CallerToken {
+				return gc.c, nil
+			}
+			_ = gc.c.Close() // the old token no longer authenticates
 		}
-	}
-	token, ok := g.Tokens[upstream]
-	if !ok {
-		return nil, errors.New("no principal token for upstream " + upstream)
+		delete(g.clients, key)
 	}
 	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	c, err := occlient.Dial(dctx, occlient.Options{URL: g.URL, Token: token, ClientID: "gateway-client", Mode: "backend",
+	c, err := occlient.Dial(dctx, occlient.Options{URL: g.URL, Token: up.CallerToken, ClientID: "gateway-client", Mode: "backend",
 		Version: "xiaoclaw-upstream"})
 	if err != nil {
 		return nil, err
 	}
 	if g.clients == nil {
-		g.clients = map[string]*occlient.Client{}
+		g.clients = map[string]gatewayClient{}
 	}
-	g.clients[upstream] = c
+	g.clients[key] = gatewayClient{c: c, token: up.CallerToken}
 	return c, nil
 }
 
@@ -133,8 +173,8 @@ func (g *GatewayInvoker) client(ctx context.Context, upstream string) (*occlient
 func (g *GatewayInvoker) Close() {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	for k, c := range g.clients {
-		_ = c.Close()
+	for k, gc := range g.clients {
+		_ = gc.c.Close()
 		delete(g.clients, k)
 	}
 }

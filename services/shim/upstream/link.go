@@ -66,6 +66,9 @@ type Timing struct {
 	// StableAfter is how long a connection must have been online for the
 	// next drop to start again at BackoffMin; default 10 s.
 	StableAfter time.Duration
+	// ToolsDebounce is how long a catalog change waits before it is
+	// published upstream (node.pluginTools.update); default 500 ms.
+	ToolsDebounce time.Duration
 }
 
 func (t *Timing) setDefaults() {
@@ -86,6 +89,9 @@ func (t *Timing) setDefaults() {
 	}
 	if t.StableAfter <= 0 {
 		t.StableAfter = 10 * time.Second
+	}
+	if t.ToolsDebounce <= 0 {
+		t.ToolsDebounce = 500 * time.Millisecond
 	}
 }
 
@@ -123,7 +129,20 @@ type linkConfig struct {
 	log      *slog.Logger
 	onStatus func(Status)
 	rand     func() float64
+	// handshakes, when set, bounds the handshakes in flight to the
+	// upstream; the links of one upstream share it (see handshakeSlots).
+	handshakes chan struct{}
 }
+
+// handshakeSlots bounds the handshakes a worker has in flight to one
+// upstream. OpenClaw admits 32 unauthenticated sockets per client IP and
+// answers more with 503 "Too many unauthenticated sockets"; all links of
+// a worker come from one IP, so after a gateway restart or a burst of
+// devices, unbounded links would mostly be turned away and back off.
+const handshakeSlots = 16
+
+// newHandshakeSlots returns a bound for the links of one upstream.
+func newHandshakeSlots() chan struct{} { return make(chan struct{}, handshakeSlots) }
 
 // link is one (device, upstream) connection, reconnected until its context
 // ends.
@@ -136,6 +155,9 @@ type link struct {
 	conn *occlient.Client // while online
 
 	inflight atomic.Int32 // invokes from the upstream not answered yet
+
+	catMu sync.Mutex // guards cat; never held with mu
+	cat   catalogState
 }
 
 // maxInflightPerLink bounds the calls one upstream runs at once on one
@@ -209,6 +231,8 @@ func (l *link) connect(ctx context.Context, done func(), r retry) {
 		l.status.update(func(st *Status) { st.OnlineAfterMs = time.Since(r.started).Milliseconds() })
 		l.status.set(StateOnline, "", "")
 		s.watch(c)
+		l.sendEvent(eventPresenceAlive, l.presence())
+		go l.publishTools()
 		return
 	}
 	done()
@@ -392,8 +416,12 @@ func (r *clientRef) get(ctx context.Context) *occlient.Client {
 // dial connects as a node host, offering protocol 4 and falling back to 3
 // (without deviceFamily, as OpenClaw's node host does) on a mismatch.
 func (l *link) dial(ctx context.Context, s *session) (*occlient.Client, error) {
+	tlsConf, err := l.cfg.upstream.tlsConfig()
+	if err != nil {
+		return nil, err
+	}
 	opts := occlient.Options{
-		URL: l.cfg.upstream.URL, Token: l.cfg.upstream.Token,
+		URL: l.cfg.upstream.URL, Token: l.cfg.upstream.Token, Password: l.cfg.upstream.Password, TLS: tlsConf,
 		Role: "node", Scopes: []string{}, Identity: l.cfg.identity,
 		ClientID: "node-host", Mode: "node", Version: l.cfg.node.Version, Platform: Platform,
 		DisplayName: l.cfg.node.DisplayName, DeviceFamily: l.cfg.node.DeviceFamily,
@@ -408,9 +436,19 @@ func (l *link) dial(ctx context.Context, s *session) (*occlient.Client, error) {
 	for {
 		ref := &clientRef{ready: make(chan struct{})}
 		opts.OnEvent = func(ev occlient.Event) { l.onEvent(ref, s.shutdown, ev) }
+		if l.cfg.handshakes != nil {
+			select {
+			case l.cfg.handshakes <- struct{}{}:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
 		dctx, cancel := context.WithTimeout(ctx, l.cfg.timing.ConnectTimeout)
 		c, err := occlient.Dial(dctx, opts)
 		cancel()
+		if l.cfg.handshakes != nil {
+			<-l.cfg.handshakes
+		}
 		if err == nil {
 			ref.c = c
 			close(ref.ready)
@@ -437,6 +475,16 @@ func (l *link) onEvent(ref *clientRef, shutdown chan struct{}, ev occlient.Event
 		select {
 		case shutdown <- struct{}{}:
 		default:
+		}
+	case eventPairResolved:
+		var p struct {
+			Decision string `json:"decision"`
+		}
+		if json.Unmarshal(ev.Payload, &p) == nil && p.Decision == "approved" {
+			// Now the upstream admits the node's commands, and with them
+			// its tools: publish again to learn what it took.
+			l.republish()
+			l.sendEvent(eventPresenceAlive, l.presence())
 		}
 	}
 }
@@ -573,8 +621,18 @@ func (l *link) sendEvent(event string, payload json.RawMessage) {
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), resultTimeout)
 		defer cancel()
-		if _, err := c.Call(ctx, methodNodeEvent, p); err != nil {
+		res, err := c.Call(ctx, methodNodeEvent, p)
+		if err != nil {
 			l.cfg.log.Debug("node.event not delivered", "upstream", l.cfg.upstream.Name, "node", l.cfg.node.NodeID, "err", err)
+			ack := &EventAck{Event: event, Error: err.Error()}
+			l.status.update(func(st *Status) { st.LastEvent = ack })
+			return
 		}
+		// OpenClaw answers {ok, event, handled, reason}: handled false with
+		// reason "unsupported_event" for an event it has no use for.
+		ack := &EventAck{Event: event, Handled: true}
+		_ = json.Unmarshal(res, ack)
+		ack.Event = event
+		l.status.update(func(st *Status) { st.LastEvent = ack })
 	}()
 }

@@ -397,3 +397,37 @@ func TestLinkBoundsCallsInFlight(t *testing.T) {
 		}
 	}
 }
+
+func TestLinksOfOneUpstreamBoundTheirHandshakes(t *testing.T) {
+	gw := newFakeGateway(t)
+	// Every handshake lasts 50 ms, then the gateway closes the socket.
+	gw.silent, gw.holdFor = true, 50*time.Millisecond
+	timing := fastTiming
+	timing.ConnectTimeout = 10 * time.Second
+	slots := newHandshakeSlots()
+	const links = 3 * handshakeSlots
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for i := range links {
+		l := newLink(linkConfig{
+			upstream: Upstream{Name: "home", Tenant: "acme", URL: gw.url(), Token: linkToken},
+			node:     Node{NodeID: fmt.Sprintf("xz-%012x", i)}, identity: occlient.NewIdentity(), invoker: &fakeInvoker{},
+			timing: timing, log: slog.New(slog.DiscardHandler), handshakes: slots,
+		})
+		wg.Add(1)
+		l.start(ctx, wg.Done)
+	}
+	// Every link gets its turns, never more than the bound at once (the
+	// upstream would turn the others away).
+	eventually.True(t, "every link dialed", func() bool { return gw.connectCount() >= links })
+	cancel()
+	wg.Wait()
+	gw.mu.Lock()
+	defer gw.mu.Unlock()
+	if gw.maxOpen > handshakeSlots {
+		t.Fatalf("%d handshakes at once, bound %d", gw.maxOpen, handshakeSlots)
+	}
+	if gw.maxOpen < handshakeSlots/2 {
+		t.Fatalf("at most %d handshakes at once: the bound is not used", gw.maxOpen)
+	}
+}

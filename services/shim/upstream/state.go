@@ -8,8 +8,10 @@
 // sends is forwarded to xiaoclaw's own gateway as a node.invoke by the
 // principal "upstream:<name>", so the tenant's policy, audit trail,
 // idempotency and limits apply exactly as for any operator; the answer goes
-// back as node.invoke.result. Device notifications and tool-catalog changes
-// become node.event frames upstream.
+// back as node.invoke.result. The device's MCP tools are published as the
+// node's plugin tools (node.pluginTools.update), so the upstream's agents
+// get them as tools; device notifications, tool-catalog changes and
+// presence become node.event frames upstream.
 package upstream
 
 import (
@@ -47,9 +49,29 @@ type Status struct {
 	RequestID string `json:"requestId,omitempty"`
 	SinceMs   int64  `json:"sinceMs"` // when State was entered
 	Holder    string `json:"holder,omitempty"`
+	// Warning is a concern about the link's setup, e.g. an upstream whose
+	// TLS certificate is not verified.
+	Warning string `json:"warning,omitempty"`
 	// OnlineAfterMs is how long the last connect took from the link's start
 	// (or the previous drop) to hello-ok.
 	OnlineAfterMs int64 `json:"onlineAfterMs,omitempty"`
+	// Tools is how many of the device's tools the upstream took as agent
+	// tools in its answer to the last node.pluginTools.update (none until
+	// it approved the node); ToolsError is its refusal, if it refused.
+	Tools      int    `json:"tools,omitempty"`
+	ToolsError string `json:"toolsError,omitempty"`
+	// LastEvent is the upstream's answer to the last node.event sent.
+	LastEvent *EventAck `json:"lastEvent,omitempty"`
+}
+
+// EventAck is the upstream's answer to a node.event: OpenClaw handles a
+// few events (node.presence.alive among them) and accepts others with
+// handled false and reason "unsupported_event".
+type EventAck struct {
+	Event   string `json:"event"`
+	Handled bool   `json:"handled"`
+	Reason  string `json:"reason,omitempty"`
+	Error   string `json:"error,omitempty"` // not delivered or refused
 }
 
 // statusBox is a link's Status behind a lock, with a change callback.

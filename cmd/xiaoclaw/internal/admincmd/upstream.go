@@ -80,7 +80,7 @@ func parsePublish(s string) tenancy.Publish {
 func upstreamAdd(env func(string) string) *cobra.Command {
 	var tenant, gwURL, gwToken, gwPassword, caFile, publish string
 	var insecure bool
-	cmd, _ := adminLeaf(env, "add NAME", "Publish a tenant's nodes to an OpenClaw gateway; prints the caller token of its calls (principal upstream:NAME) last",
+	cmd, _ := adminLeaf(env, "add NAME", "Publish a tenant's nodes to an OpenClaw gateway; the gateway hands it with a caller token (principal upstream:NAME) to the shims",
 		cobra.ExactArgs(1), func(c *common, cmd *cobra.Command, args []string) error {
 			spec := tenancy.UpstreamSpec{Name: args[0], URL: gwURL, InsecureSkipVerify: insecure, Publish: parsePublish(publish)}
 			spec.Token, spec.Password = gwToken, gwPassword
@@ -98,6 +98,9 @@ func upstreamAdd(env func(string) string) *cobra.Command {
 			return c.run(cmd, "POST", "/api/tenants/"+seg(tenant)+"/upstreams", spec, &nu, func(w io.Writer) error {
 				if err := table(w, upstreamHeader, upstreamRows(nu.Upstream)); err != nil {
 					return err
+				}
+				if nu.CallerToken == "" { // delivered to the shims by the gateway
+					return nil
 				}
 				_, err := fmt.Fprintln(w, nu.CallerToken)
 				return err

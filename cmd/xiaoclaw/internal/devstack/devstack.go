@@ -146,8 +146,8 @@ type Stack struct {
 	Hubs     []*devicehub.Service
 	Shims    []*shim.Service
 	Gateways []*gateway.Service
-	// Upstreams are the upstream workers, one per shim replica, when
-	// Config.Upstream is set.
+	// Upstreams are the upstream workers, one per shim replica: they run
+	// the stored upstreams and Config.Upstream.
 	Upstreams []*upstream.Service
 	// upstreamToken authenticates the upstream workers to the gateway as
 	// the principal upstream:<name>.
@@ -163,7 +163,8 @@ type Stack struct {
 	// gateway and the devicehub, which share that store here.
 	DB    *ops.DBHealth
 	tenNC *nats.Conn
-	// background runs what is no replica (the database pings) until Close.
+	// background runs what is no replica (the database pings, the stored
+	// upstreams' bucket sync of the shared backend) until Close.
 	background     sync.WaitGroup
 	stopBackground context.CancelFunc
 	// Components in start order; Close stops them in reverse.
@@ -292,12 +293,10 @@ func Start(ctx context.Context, cfg Config) (*Stack, error) {
 			return nil, err
 		}
 	}
-	if s.upstreamToken != "" {
-		for i := range cfg.Shims {
-			if _, err := s.AddUpstream(fmt.Sprintf("upstream-%d", i+1)); err != nil {
-				s.Close()
-				return nil, err
-			}
+	for i := range cfg.Shims {
+		if _, err := s.AddUpstream(fmt.Sprintf("upstream-%d", i+1)); err != nil {
+			s.Close()
+			return nil, err
 		}
 	}
 	return s, nil
@@ -418,14 +417,17 @@ func (s *Stack) AddShim(name string) (*Component, error) {
 // Name filled in); its URL is empty when there is none.
 func (s *Stack) UpstreamConfig() upstream.Upstream { return s.cfg.Upstream }
 
-// AddUpstream starts another upstream worker for Config.Upstream; its
-// calls go through the first gateway as the principal upstream:<name>.
+// AddUpstream starts another upstream worker: it runs the stored
+// upstreams and Config.Upstream, if any; their calls go through the first
+// gateway as the principal upstream:<name>.
 func (s *Stack) AddUpstream(name string) (*Component, error) {
-	if s.upstreamToken == "" {
-		return nil, errors.New("devstack: no upstream configured")
+	inv := &upstream.GatewayInvoker{URL: s.GatewayURL(0)}
+	cfg := upstream.Config{Instance: name, Stored: true, Invoker: inv}
+	if s.upstreamToken != "" {
+		u := s.cfg.Upstream
+		u.CallerToken = s.upstreamToken
+		cfg.Upstreams = []upstream.Upstream{u}
 	}
-	inv := &upstream.GatewayInvoker{URL: s.GatewayURL(0), Tokens: map[string]string{s.cfg.Upstream.Name: s.upstreamToken}}
-	cfg := upstream.Config{Instance: name, Upstreams: []upstream.Upstream{s.cfg.Upstream}, Invoker: inv}
 	if s.cfg.TuneUpstream != nil {
 		s.cfg.TuneUpstream(&cfg)
 	}
@@ -465,7 +467,8 @@ func (s *Stack) AddGateway(name, addr string) (*Component, error) {
 }
 
 // watchDatabase pings the tenancy store's database until Close and, with a
-// Registerer, exports the answer for the services that use it.
+// Registerer, exports the answer for the services that use it; it also
+// keeps the stored upstreams' bucket in sync with the store.
 func (s *Stack) watchDatabase() error {
 	db := s.Tenancy.DB
 	if s.cfg.Registerer != nil {
@@ -479,6 +482,7 @@ func (s *Stack) watchDatabase() error {
 	ctx, cancel := context.WithCancel(s.ctx)
 	s.stopBackground = cancel
 	s.background.Go(func() { _ = db.Run(ctx) })
+	s.background.Go(func() { _ = s.Tenancy.Upstreams.Run(ctx) })
 	return nil
 }
 

@@ -11,10 +11,13 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"go.yaml.in/yaml/v3"
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/audit"
+	"github.com/xiaoclaw/xiaoclaw/pkg/eventually"
 	"github.com/xiaoclaw/xiaoclaw/pkg/natsauth"
+	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
 	"github.com/xiaoclaw/xiaoclaw/pkg/xzsim"
 )
 
@@ -83,7 +86,7 @@ func serviceUser(component string) string {
 	switch {
 	case strings.HasPrefix(component, "hub-"):
 		return "devicehub"
-	case strings.HasPrefix(component, "shim-"):
+	case strings.HasPrefix(component, "shim-"), strings.HasPrefix(component, "upstream-"):
 		return "shim"
 	}
 	return "gateway"
@@ -178,4 +181,47 @@ func TestServicesWorkUnderTheChartsNATSPermissions(t *testing.T) {
 	if d.Volume() != 42 {
 		t.Fatalf("the device obeyed a call from the devicehub's credentials: volume %d", d.Volume())
 	}
+}
+
+// Stored upstreams run under the chart's NATS permissions: the gateway
+// writes the bucket, the shims' workers read it and publish the device to
+// the upstream without hitting a denied subject, and the devicehub's
+// credentials cannot read the entry (secrets and caller token).
+func TestStoredUpstreamsUnderTheChartsNATSPermissions(t *testing.T) {
+	var violations asyncErrors
+	up := startStack(t, Config{})
+	home := startStack(t, Config{
+		AdminToken: upstreamAdminToken,
+		NATSUsers:  chartNATSUsers(t),
+		NATSOptions: func(component string) []nats.Option {
+			return append(userOptions(serviceUser(component)), violations.handler(component))
+		},
+	})
+	if status, raw := adminCall(t, home, "POST", "/api/tenants/"+DevTenant+"/upstreams",
+		map[string]any{"name": "lab", "url": up.GatewayURL(0), "token": testOperatorToken}); status != 201 {
+		t.Fatalf("add upstream: %d %s", status, raw)
+	}
+	connectDevices(t, home, 0, 1, 9, nil)
+	waitUpstreamNode(t, operator(t, up.GatewayURL(0)))
+	if v := violations.list(); len(v) > 0 {
+		t.Fatalf("services hit denied subjects: %v", v)
+	}
+
+	nc, err := home.Connect("hub-reader") // the devicehub's user
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	// A refused request gets no answer: a short wait is enough.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if kv, err := js.KeyValue(ctx, wire.BucketUpstreams); err == nil {
+		if _, err := kv.Get(ctx, wire.UpstreamKey(DevTenant, "lab")); err == nil {
+			t.Fatal("the devicehub's user read a stored upstream")
+		}
+	}
+	eventually.Within(t, waitLimit, "the server refused the devicehub's user", func() bool {
+		return strings.Contains(strings.Join(violations.list(), "\n"), "hub-reader: nats: permissions violation")
+	})
 }

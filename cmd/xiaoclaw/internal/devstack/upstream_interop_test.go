@@ -12,7 +12,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -23,6 +22,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/xiaoclaw/xiaoclaw/pkg/eventually"
 	"github.com/xiaoclaw/xiaoclaw/pkg/openclawref"
 	"github.com/xiaoclaw/xiaoclaw/pkg/tenancy"
 	"github.com/xiaoclaw/xiaoclaw/services/shim/upstream"
@@ -33,17 +33,22 @@ const refGatewayToken = "ref-gateway-token-0123456789"
 // refGateway is `openclaw gateway run` on a loopback port with its own
 // HOME, configured to admit the MCP bridge commands from nodes.
 type refGateway struct {
-	t        *testing.T
-	bin      string
-	env      []string
-	home     string
-	port     int
-	cmd      *exec.Cmd
-	log      bytes.Buffer
-	stopOnce func()
+	t    testing.TB
+	bin  string
+	env  []string
+	home string
+	port int
+	cmd  *exec.Cmd
+	log  bytes.Buffer
 }
 
-func startRefGateway(t *testing.T, bin string, env []string) *refGateway {
+func startRefGateway(t testing.TB, bin string, env []string) *refGateway {
+	t.Helper()
+	return startRefGatewayAuth(t, bin, env, map[string]any{"mode": "token", "token": refGatewayToken})
+}
+
+// startRefGatewayAuth starts the reference gateway with gateway.auth set to auth.
+func startRefGatewayAuth(t *testing.T, bin string, env []string, auth map[string]any) *refGateway {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -54,7 +59,7 @@ func startRefGateway(t *testing.T, bin string, env []string) *refGateway {
 	cfg := map[string]any{
 		"gateway": map[string]any{
 			"mode": "local", "port": g.port, "bind": "loopback",
-			"auth":      map[string]any{"mode": "token", "token": refGatewayToken},
+			"auth":      auth,
 			"tailscale": map[string]any{"mode": "off"},
 			"nodes": map[string]any{
 				"pairing":  map[string]any{"sshVerify": false},
@@ -274,39 +279,26 @@ func TestInteropUpstreamRealOpenClawGateway(t *testing.T) {
 	if err != nil || dev.Volume() != 61 {
 		t.Fatalf("invoke after the gateway restart: volume %d, %v\n%s", dev.Volume(), err, out)
 	}
+}
 
-	// A wrong token: the link says so and does not spin.
-	nc, err := home.Connect("wrong-upstream")
-	if err != nil {
-		t.Fatal(err)
+// TestInteropStoredUpstreamWithPassword: an upstream stored through the
+// admin API with the real OpenClaw gateway's password (gateway.auth.mode
+// password) reaches the shims, which start without any upstream flag, and
+// the device's link comes online there.
+func TestInteropStoredUpstreamWithPassword(t *testing.T) {
+	bin, env := openclawref.Require(t)
+	const password = "ref-gateway-password-0123456789"
+	gw := startRefGatewayAuth(t, bin, env, map[string]any{"mode": "password", "password": password})
+	home := startStack(t, Config{AdminToken: upstreamAdminToken})
+	if status, raw := adminCall(t, home, "POST", "/api/tenants/"+DevTenant+"/upstreams",
+		map[string]any{"name": "ref", "url": gw.url(), "password": password}); status != 201 {
+		t.Fatalf("add upstream: %d %s", status, raw)
 	}
-	defer nc.Close()
-	wrong, err := upstream.New(upstream.Config{Instance: "wrong", Invoker: &upstream.GatewayInvoker{},
-		Upstreams: []upstream.Upstream{{Name: "wrong", Tenant: DevTenant, URL: url, Token: "not-the-token"}}},
-		nc, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go func() { _ = wrong.Run(ctx) }()
-	var disabled upstream.Status
-	deadline = time.Now().Add(time.Minute)
-	for disabled.State != upstream.StateDisabled {
-		if time.Now().After(deadline) {
-			t.Fatalf("wrong-token link status %+v", wrong.Status())
-		}
-		time.Sleep(50 * time.Millisecond) // polling a state
-		if s := wrong.Status(); len(s) == 1 {
-			disabled = s[0]
-		}
-	}
-	if !strings.Contains(disabled.LastError, "token") || strings.Contains(disabled.LastError, "not-the-token") {
-		t.Fatalf("wrong-token status %+v", disabled)
-	}
-	t.Logf("wrong token: %s", disabled.LastError)
-	time.Sleep(3 * time.Second) // three default backoff floors: a spinning link would have re-entered a state
-	if s := wrong.Status(); len(s) != 1 || s[0].State != upstream.StateDisabled || s[0].SinceMs != disabled.SinceMs {
-		t.Fatalf("wrong-token link moved on: %+v", s)
-	}
+	added := time.Now()
+	connectDevices(t, home, 0, 1, 13, nil)
+	eventually.Within(t, time.Minute, "link online on the real gateway with the password", func() bool {
+		s := home.Upstreams[0].Status()
+		return len(s) == 1 && s[0].State == upstream.StateOnline
+	})
+	t.Logf("upstream added to link online: %s", time.Since(added).Round(time.Millisecond))
 }

@@ -71,6 +71,7 @@ func run(args []string) error {
 	mcpOn := fs.Bool("mcp", true, "serve the tenant's device tools as an MCP server at /mcp")
 	mcpPage := fs.Int("mcp-page-size", 100, "tools per MCP tools/list page")
 	mcpIdle := fs.Duration("mcp-session-timeout", 30*time.Minute, "end an MCP session idle for this long")
+	mcpSessions := fs.Int("mcp-max-sessions", 100, "MCP sessions one token may have open across the replicas; more are refused with 429")
 	ttl := fs.Duration("idempotency-ttl", 5*time.Minute, "how long a node.invoke idempotency key is remembered (at least 1s)")
 	replicas := fs.Int("idempotency-replicas", 1, "replicas of the idempotency KV bucket in a NATS cluster, 1 to 5; 3 in production")
 	maxPayload := fs.Int64("max-payload", gateway.DefaultMaxPayload, "cap of one frame after hello in bytes, advertised as policy.maxPayload")
@@ -151,7 +152,8 @@ func run(args []string) error {
 		IdempotencyReplicas: *replicas,
 		TracerProvider:      tp,
 		Registerer:          reg,
-		MCP:                 gateway.MCPConfig{Disabled: !*mcpOn, PageSize: *mcpPage, SessionTimeout: *mcpIdle},
+		MCP: gateway.MCPConfig{Disabled: !*mcpOn, PageSize: *mcpPage, SessionTimeout: *mcpIdle,
+			MaxSessionsPerPrincipal: *mcpSessions},
 	}
 	if !*noConsole {
 		if cfg.Console, err = console.New(console.Config{JaegerURL: *jaegerURL, Version: version}); err != nil {

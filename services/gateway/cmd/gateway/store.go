@@ -13,8 +13,9 @@ import (
 )
 
 // openBackend opens the backend on PostgreSQL and returns what keeps it
-// going: the database pings and, with runAuditWriter, the audit writer,
-// collector and lag monitor. reg receives the database and audit backlog
+// going: the database pings, the stored upstreams' bucket sync (one per
+// replica: only one wins each caller token it mints) and, with
+// runAuditWriter, the audit writer, collector and lag monitor. reg receives the database and audit backlog
 // gauges.
 func openBackend(ctx context.Context, cfg backend.Config, nc *nats.Conn, runAuditWriter bool,
 	reg prometheus.Registerer, log *slog.Logger) (*backend.Backend, []func(context.Context) error, error) {
@@ -30,7 +31,7 @@ func openBackend(ctx context.Context, cfg backend.Config, nc *nats.Conn, runAudi
 	if err := be.DB.Register(reg, telemetry.LabelGateway); err != nil {
 		return fail(err)
 	}
-	runners := []func(context.Context) error{be.DB.Run}
+	runners := []func(context.Context) error{be.DB.Run, be.Upstreams.Run}
 	if runAuditWriter {
 		w, err := be.AuditWriter(nc, reg)
 		if err != nil {

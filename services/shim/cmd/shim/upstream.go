@@ -10,8 +10,10 @@ import (
 	"github.com/xiaoclaw/xiaoclaw/services/shim/upstream"
 )
 
-// upstreamFlags configure upstream mode: publishing one tenant's devices as
-// nodes on an OpenClaw gateway (docs/openclaw.md).
+// upstreamFlags configure upstream mode: publishing tenants' devices as
+// nodes on OpenClaw gateways (docs/openclaw.md). With --gateway-url the
+// shim runs the upstreams stored through the admin API (bucket
+// xc_upstreams); --upstream-url adds one configured here.
 type upstreamFlags struct {
 	tenant, name, url, token *string
 	gatewayURL, callerToken  *string
@@ -24,7 +26,8 @@ func addUpstreamFlags(fs *flag.FlagSet) upstreamFlags {
 		url:    fs.String("upstream-url", "", "OpenClaw gateway to publish the devices to (empty: no upstream mode)"),
 		token: fs.String("upstream-token", "",
 			"that OpenClaw gateway's token (prefer the env XIAOCLAW_UPSTREAM_TOKEN)"),
-		gatewayURL: fs.String("gateway-url", "", "xiaoclaw gateway the upstream's calls go through, ws://…"),
+		gatewayURL: fs.String("gateway-url", "",
+			"xiaoclaw gateway the upstreams' calls go through, ws://… (empty: no stored upstreams run here)"),
 		callerToken: fs.String("upstream-caller-token", "",
 			"xiaoclaw operator token of the tenant the upstream's calls run as (prefer the env XIAOCLAW_UPSTREAM_CALLER_TOKEN)"),
 	}
@@ -32,15 +35,19 @@ func addUpstreamFlags(fs *flag.FlagSet) upstreamFlags {
 
 // service builds the upstream service, or nil when upstream mode is off.
 func (f upstreamFlags) service(instance string, nc *nats.Conn, log *slog.Logger) (*upstream.Service, *upstream.GatewayInvoker, error) {
-	if *f.url == "" {
+	if *f.url == "" && *f.gatewayURL == "" {
 		return nil, nil, nil
 	}
-	if *f.gatewayURL == "" || *f.callerToken == "" {
+	if *f.gatewayURL == "" || (*f.url != "" && *f.callerToken == "") {
 		return nil, nil, errors.New("upstream mode needs --gateway-url and --upstream-caller-token")
 	}
-	u := upstream.Upstream{Name: *f.name, Tenant: *f.tenant, URL: *f.url, Token: *f.token}
-	inv := &upstream.GatewayInvoker{URL: *f.gatewayURL, Tokens: map[string]string{u.Name: *f.callerToken}}
-	svc, err := upstream.New(upstream.Config{Instance: instance, Upstreams: []upstream.Upstream{u}, Invoker: inv}, nc, log)
+	inv := &upstream.GatewayInvoker{URL: *f.gatewayURL}
+	cfg := upstream.Config{Instance: instance, Stored: true, Invoker: inv}
+	if *f.url != "" {
+		cfg.Upstreams = []upstream.Upstream{{Name: *f.name, Tenant: *f.tenant, URL: *f.url, Token: *f.token,
+			CallerToken: *f.callerToken}}
+	}
+	svc, err := upstream.New(cfg, nc, log)
 	if err != nil {
 		return nil, nil, err
 	}
