@@ -28,7 +28,9 @@ const (
 
 // linkKey is the KV key of a (tenant, upstream, node) triple; every part is
 // a validated subject token, so the key is a valid KV key.
-func linkKey(tenant, upstream, node string) string { return wire.UpstreamLinkKey(tenant, upstream, node) }
+func linkKey(tenant, upstream, node string) string {
+	return wire.UpstreamLinkKey(tenant, upstream, node)
+}
 
 // identityRecord is the value of a BucketIdentities entry.
 type identityRecord struct {

@@ -168,8 +168,8 @@ type Service struct {
 	ids     identities
 	leases  jetstream.KeyValue
 	metrics metrics
-	kick   chan struct{}
-	subs   map[string]*nats.Subscription // tenant -> its node events; Run's goroutine only
+	kick    chan struct{}
+	subs    map[string]*nats.Subscription // tenant -> its node events; Run's goroutine only
 
 	mu         sync.Mutex
 	devices    map[string]wire.NodeRecord // registry key -> connected xiaozhi record
