@@ -3,10 +3,13 @@ package devstack
 import (
 	"context"
 	"encoding/json"
+	"strings"
 	"testing"
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/eventually"
 	"github.com/xiaoclaw/xiaoclaw/pkg/occlient"
+	"github.com/xiaoclaw/xiaoclaw/pkg/ops"
+	"github.com/xiaoclaw/xiaoclaw/pkg/telemetry"
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
 	"github.com/xiaoclaw/xiaoclaw/services/shim/upstream"
 )
@@ -23,10 +26,17 @@ type upstreamLinks struct {
 
 // An upstream that refuses the tenant's token keeps the device off it; the
 // tenant's operators are told so by a node.upstream event, and node.list
-// shows the link disabled with the upstream's refusal.
+// shows the link disabled with the upstream's refusal, as do the
+// shim's metrics.
 func TestOperatorsSeeWhyADeviceIsNotUpstream(t *testing.T) {
 	up := startStack(t, Config{})
-	home := startStack(t, Config{Upstream: upstream.Upstream{Name: "lab", URL: up.GatewayURL(0), Token: "not-the-token"}})
+	reg := telemetry.NewRegistry()
+	metrics, err := ops.NewServer(ops.Config{Gatherer: reg}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	home := startStack(t, Config{Registerer: reg, Ops: metrics.Handler(),
+		Upstream: upstream.Upstream{Name: "lab", URL: up.GatewayURL(0), Token: "not-the-token"}})
 	events := make(chan occlient.Event, 256)
 	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
 	defer cancel()
@@ -70,6 +80,10 @@ func TestOperatorsSeeWhyADeviceIsNotUpstream(t *testing.T) {
 	}
 	if states[0] != wire.UpstreamConnecting {
 		t.Fatalf("node.upstream states %v, want connecting first", states)
+	}
+	const gauge = `xiaoclaw_upstream_links{state="disabled",tenant="` + DevTenant + `",upstream="lab"} 1` + "\n"
+	if body := httpGet(t, "http://"+home.Gateways[0].Addr()+"/metrics"); !strings.Contains(body, gauge) {
+		t.Fatalf("/metrics lacks %q", gauge)
 	}
 
 	// node.list follows the lease bucket through the gateway's watch.
