@@ -24,7 +24,8 @@ import (
 // The shims create the bucket: until one did, Run looks for it every
 // retry interval. An entry whose holder died expires without a delete
 // marker reaching the watch, so an entry older than the bucket's TTL is
-// not served (its holder refreshes it every third of the TTL).
+// not served (its holder refreshes it every third of the TTL, so a clock
+// skew between NATS and the gateway of up to two thirds of it is harmless).
 type Links struct {
 	js    jetstream.JetStream
 	log   *slog.Logger
