@@ -44,9 +44,10 @@ fuzz: ## run every fuzz target for FUZZTIME each
 $(TOOLS)/staticcheck:
 	GOBIN=$(TOOLS) $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 
-lint: $(TOOLS)/staticcheck ## go vet + staticcheck (pinned) + gofmt
+lint: $(TOOLS)/staticcheck ## go vet (with and without the interop tag) + staticcheck (pinned) + gofmt
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { echo "gofmt needed:"; gofmt -l $$(git ls-files '*.go'); exit 1; }
 	$(GO) vet $(PKGS)
+	$(GO) vet -tags interop $(PKGS)
 	$(TOOLS)/staticcheck $(PKGS)
 
 BENCHTIME ?= 2s

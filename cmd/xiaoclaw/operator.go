@@ -188,6 +188,29 @@ type nodeSummary struct {
 	Commands      []string `json:"commands"`
 	Connected     bool     `json:"connected"`
 	ConnectedAtMs int64    `json:"connectedAtMs"`
+	// Upstreams are the node's links to upstream OpenClaw gateways
+	// (docs/openclaw.md).
+	Upstreams []nodeUpstream `json:"upstreams"`
+}
+
+// nodeUpstream is one link of a node to an upstream OpenClaw gateway.
+type nodeUpstream struct {
+	Name      string `json:"name"`
+	State     string `json:"state"`
+	LastError string `json:"lastError"`
+	RequestID string `json:"requestId"`
+}
+
+// upstreamColumn shows a node's links as name:state, or "-".
+func upstreamColumn(ups []nodeUpstream) string {
+	if len(ups) == 0 {
+		return "-"
+	}
+	parts := make([]string, len(ups))
+	for i, u := range ups {
+		parts[i] = u.Name + ":" + u.State
+	}
+	return strings.Join(parts, ",")
 }
 
 func fetchNodes(ctx context.Context, c *occlient.Client) ([]nodeSummary, json.RawMessage, error) {
@@ -220,9 +243,10 @@ func listNodes(ctx context.Context, f *operatorFlags, out io.Writer) error {
 		return printJSON(out, raw)
 	}
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODE\tNAME\tPLATFORM\tCONNECTED\tCOMMANDS")
+	fmt.Fprintln(tw, "NODE\tNAME\tPLATFORM\tCONNECTED\tCOMMANDS\tUPSTREAM")
 	for _, n := range nodes {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%v\t%d\n", n.NodeID, n.DisplayName, n.Platform, n.Connected, len(n.Commands))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%v\t%d\t%s\n", n.NodeID, n.DisplayName, n.Platform, n.Connected, len(n.Commands),
+			upstreamColumn(n.Upstreams))
 	}
 	return tw.Flush()
 }
@@ -311,6 +335,16 @@ func describeNode(ctx context.Context, f *operatorFlags, query string, out io.Wr
 	}
 	fmt.Fprintf(out, "node:      %s\nname:      %s\nplatform:  %s\nconnected: %v\ncommands:  %s\n",
 		d.NodeID, d.DisplayName, d.Platform, d.Connected, strings.Join(d.Commands, ", "))
+	for _, u := range d.Upstreams {
+		line := u.Name + " " + u.State
+		if u.RequestID != "" {
+			line += ", approve pairing request " + u.RequestID + " there"
+		}
+		if u.LastError != "" {
+			line += " (" + u.LastError + ")"
+		}
+		fmt.Fprintf(out, "upstream:  %s\n", line)
+	}
 	if len(d.Tools) > 0 {
 		fmt.Fprintln(out, "tools:")
 		tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)

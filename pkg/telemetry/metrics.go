@@ -29,6 +29,8 @@ const (
 	MetricAuditLag         = "xiaoclaw_audit_lag_seconds"
 	MetricNATSConnected    = "xiaoclaw_nats_connected"
 	MetricDBConnected      = "xiaoclaw_db_connected"
+	MetricUpstreamLinks    = "xiaoclaw_upstream_links"
+	MetricUpstreamChanges  = "xiaoclaw_upstream_link_transitions_total"
 )
 
 // Label names.
@@ -41,6 +43,8 @@ const (
 	LabelHop       = "hop"
 	LabelEffect    = "effect"
 	LabelLimit     = "limit"
+	LabelUpstream  = "upstream"
+	LabelState     = "state"
 )
 
 // Values of the "service" label.
@@ -148,6 +152,27 @@ func NewAuditLag(reg prometheus.Registerer) (prometheus.Gauge, error) {
 		Name: MetricAuditLag,
 		Help: "Age in seconds of the oldest audit event not yet written to the database.",
 	}))
+}
+
+// NewUpstreamLinks declares xiaoclaw_upstream_links{tenant,upstream,state}:
+// the upstream links a shim worker holds now, by state (connecting,
+// pairing, online, backoff, disabled).
+func NewUpstreamLinks(reg prometheus.Registerer) (*prometheus.GaugeVec, error) {
+	return Register(reg, prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: MetricUpstreamLinks,
+		Help: "Links of devices to upstream OpenClaw gateways held now, by tenant, upstream and state.",
+	}, []string{LabelTenant, LabelUpstream, LabelState}))
+}
+
+// NewUpstreamChanges declares
+// xiaoclaw_upstream_link_transitions_total{tenant,upstream,state}: the
+// state changes of upstream links, by the state entered; the rate into
+// backoff, pairing and disabled is the rate of failed connects by cause.
+func NewUpstreamChanges(reg prometheus.Registerer) (*prometheus.CounterVec, error) {
+	return Register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: MetricUpstreamChanges,
+		Help: "State changes of links to upstream OpenClaw gateways, by tenant, upstream and the state entered.",
+	}, []string{LabelTenant, LabelUpstream, LabelState}))
 }
 
 // RegisterNATSConnected declares xiaoclaw_nats_connected{service}: 1 while

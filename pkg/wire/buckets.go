@@ -84,3 +84,40 @@ func UpstreamsBucketConfig() jetstream.KeyValueConfig {
 		Storage:     jetstream.FileStorage,
 	}
 }
+
+// BucketUpstreamLeases is the JetStream KV bucket of the upstream links'
+// leases, one per (tenant, upstream, node) under UpstreamLinkKey: the shim
+// worker that runs a link refreshes its entry with the link's state
+// (UpstreamLink plus details of its own) every third of the bucket's TTL,
+// and an entry whose holder died expires. The shims create it; gateways
+// read it to show the links in node.list.
+const BucketUpstreamLeases = "xc_upstream_leases"
+
+// UpstreamLinkKey is the key of a link in BucketUpstreamLeases; every part
+// is a validated subject token.
+func UpstreamLinkKey(tenant, upstream, nodeID string) string {
+	return tenant + "." + upstream + "." + nodeID
+}
+
+// Upstream link states (UpstreamLink.State).
+const (
+	UpstreamConnecting = "connecting" // dialing or in the handshake
+	UpstreamPairing    = "pairing"    // waiting for the pairing request to be approved upstream
+	UpstreamOnline     = "online"     // the node is on the upstream gateway
+	UpstreamBackoff    = "backoff"    // the last attempt failed; waiting to retry
+	UpstreamDisabled   = "disabled"   // the upstream refused the credentials
+)
+
+// UpstreamLink is the state of one (device, upstream) link: the common
+// part of a BucketUpstreamLeases entry and the payload of an
+// EventNodeUpstream node event.
+type UpstreamLink struct {
+	Upstream  string `json:"upstream"`
+	Tenant    string `json:"tenant,omitempty"`
+	NodeID    string `json:"nodeId"`
+	State     string `json:"state"`
+	LastError string `json:"lastError,omitempty"`
+	// RequestID is the pairing request to approve upstream (state pairing).
+	RequestID string `json:"requestId,omitempty"`
+	SinceMs   int64  `json:"sinceMs,omitempty"` // when State was entered
+}

@@ -133,6 +133,9 @@ const (
 	// plus the catalog's new version (NodeRecord.ToolsVersion).
 	EventNodeToolsChanged = "node.tools.changed"
 	EventMCPNotification  = "mcp.notification"
+	// EventNodeUpstream says a node's link to an upstream OpenClaw gateway
+	// changed state; its payload is an UpstreamLink.
+	EventNodeUpstream = "node.upstream"
 )
 
 // Node kinds in the registry.

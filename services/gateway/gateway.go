@@ -253,8 +253,9 @@ type Service struct {
 	http    *http.Server
 	started time.Time
 
-	reg  *registry.Registry
-	idem *idempotency.Store
+	reg   *registry.Registry
+	links *registry.Links // the nodes' upstream links, for node.list
+	idem  *idempotency.Store
 
 	ready    chan struct{}
 	runCtx   context.Context // cancelled when Run's shutdown completes
@@ -404,6 +405,8 @@ func (s *Service) Run(ctx context.Context) error {
 		return nil
 	}
 	s.releaseStaleNodeHosts(ctx)
+	s.links = registry.NewLinks(s.js, s.log, 0)
+	go func() { _ = s.links.Run(runCtx) }() // never fails; ends with runCtx
 
 	sub, err := s.nc.Subscribe(wire.SubjectNodeEventAll, s.onNodeEvent)
 	if err != nil {

@@ -261,7 +261,42 @@ func (c *conn) appendNode(b []byte, n *registry.Node, open bool) []byte {
 		b = append(b, `,"lastSeenMs":`...)
 		b = strconv.AppendInt(b, n.LastSeenMs, 10)
 	}
+	if c.s.links != nil {
+		b = appendUpstreams(b, c.s.links.Of(n.Tenant, n.NodeID))
+	}
 	return append(b, '}')
+}
+
+// appendUpstreams appends a node's links to upstream OpenClaw gateways
+// (docs/openclaw.md, "Link states"): why it is or is not on each.
+func appendUpstreams(b []byte, links []wire.UpstreamLink) []byte {
+	if len(links) == 0 {
+		return b
+	}
+	b = append(b, `,"upstreams":[`...)
+	for i, l := range links {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, `{"name":`...)
+		b = protocol.AppendString(b, l.Upstream)
+		b = append(b, `,"state":`...)
+		b = protocol.AppendString(b, l.State)
+		if l.LastError != "" {
+			b = append(b, `,"lastError":`...)
+			b = protocol.AppendString(b, l.LastError)
+		}
+		if l.RequestID != "" {
+			b = append(b, `,"requestId":`...)
+			b = protocol.AppendString(b, l.RequestID)
+		}
+		if l.SinceMs > 0 {
+			b = append(b, `,"sinceMs":`...)
+			b = strconv.AppendInt(b, l.SinceMs, 10)
+		}
+		b = append(b, '}')
+	}
+	return append(b, ']')
 }
 
 // toolVisible asks the policy whether the caller may call a tool; a tool it

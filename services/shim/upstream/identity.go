@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
 )
 
 // Buckets of upstream mode.
@@ -21,12 +23,14 @@ const (
 	// BucketLeases holds, per (tenant, upstream, node), the lease of the
 	// worker that runs the link and the link's Status. Entries expire when
 	// their holder stops refreshing them.
-	BucketLeases = "xc_upstream_leases"
+	BucketLeases = wire.BucketUpstreamLeases
 )
 
 // linkKey is the KV key of a (tenant, upstream, node) triple; every part is
 // a validated subject token, so the key is a valid KV key.
-func linkKey(tenant, upstream, node string) string { return tenant + "." + upstream + "." + node }
+func linkKey(tenant, upstream, node string) string {
+	return wire.UpstreamLinkKey(tenant, upstream, node)
+}
 
 // identityRecord is the value of a BucketIdentities entry.
 type identityRecord struct {

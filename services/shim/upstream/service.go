@@ -19,6 +19,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
 )
@@ -153,6 +154,9 @@ type Config struct {
 	// NodesWait bounds how long Run waits for the node registry bucket to
 	// appear (the shim creates it); default 30 s.
 	NodesWait time.Duration
+	// Registerer receives the links' metrics; nil keeps them in a private
+	// registry.
+	Registerer prometheus.Registerer
 }
 
 // Service runs the links this worker holds.
@@ -161,10 +165,11 @@ type Service struct {
 	nc  *nats.Conn
 	log *slog.Logger
 
-	ids    identities
-	leases jetstream.KeyValue
-	kick   chan struct{}
-	subs   map[string]*nats.Subscription // tenant -> its node events; Run's goroutine only
+	ids     identities
+	leases  jetstream.KeyValue
+	metrics metrics
+	kick    chan struct{}
+	subs    map[string]*nats.Subscription // tenant -> its node events; Run's goroutine only
 
 	mu         sync.Mutex
 	devices    map[string]wire.NodeRecord // registry key -> connected xiaozhi record
@@ -187,6 +192,9 @@ type heldLink struct {
 
 	mu  sync.Mutex // orders lease writes; guards rev
 	rev uint64
+
+	repMu sync.Mutex // orders the link's reports (report.go)
+	rep   linkReport
 }
 
 // New checks the configuration; Run does the work.
@@ -218,7 +226,14 @@ func New(cfg Config, nc *nats.Conn, log *slog.Logger) (*Service, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	s := &Service{cfg: cfg, nc: nc, log: log.With("component", "upstream"), kick: make(chan struct{}, 1),
+	if cfg.Registerer == nil {
+		cfg.Registerer = prometheus.NewRegistry()
+	}
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	s := &Service{cfg: cfg, metrics: m, nc: nc, log: log.With("component", "upstream"), kick: make(chan struct{}, 1),
 		subs: map[string]*nats.Subscription{}, devices: map[string]wire.NodeRecord{}, held: map[string]*heldLink{},
 		static: static, stored: map[string]Upstream{}, handshakes: map[string]chan struct{}{}}
 	s.mergeUpstreams()
@@ -571,6 +586,7 @@ func (s *Service) reconcile(ctx context.Context) {
 			}
 			s.mu.Unlock()
 			h.stop()
+			s.reportReleased(h)
 		}
 	}
 	for _, w := range free {
@@ -612,11 +628,13 @@ func (s *Service) take(ctx context.Context, w want) {
 	inv := recordInvoker{s: s, tenant: w.up.Tenant, name: w.up.Name}
 	h.link = newLink(linkConfig{upstream: w.up, node: nodeOf(w.rec), identity: identity, invoker: inv,
 		timing: s.cfg.Timing, log: s.log, handshakes: slots, onStatus: func(st Status) {
+			s.reportStatus(h, st)
 			// Best effort: the periodic refresh writes the state again.
 			wctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 			defer cancel()
 			_ = s.writeLease(wctx, h, st)
 		}})
+	s.reportTaken(h, h.link.Status())
 	h.link.setCatalog(w.rec.Tools)
 	lctx, cancel := context.WithCancel(context.Background())
 	h.cancel = cancel
@@ -666,6 +684,7 @@ func (h *heldLink) stop() {
 // one, later) can take it at once.
 func (s *Service) release(h *heldLink) {
 	h.stop()
+	s.reportReleased(h)
 	h.mu.Lock()
 	rev := h.rev
 	h.rev = 0
@@ -701,8 +720,8 @@ func (s *Service) onNodeEvent(m *nats.Msg) {
 	if err := json.Unmarshal(m.Data, &ev); err != nil || ev.NodeID == "" {
 		return
 	}
-	if ev.Event == wire.EventNodeConnected || ev.Event == wire.EventNodeDisconnected {
-		return
+	if ev.Event == wire.EventNodeConnected || ev.Event == wire.EventNodeDisconnected || ev.Event == wire.EventNodeUpstream {
+		return // the links' own news is not the device's
 	}
 	tenant, ok := wire.TenantFromSubject(m.Subject)
 	if !ok {

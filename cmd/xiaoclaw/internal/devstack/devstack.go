@@ -422,7 +422,7 @@ func (s *Stack) UpstreamConfig() upstream.Upstream { return s.cfg.Upstream }
 // gateway as the principal upstream:<name>.
 func (s *Stack) AddUpstream(name string) (*Component, error) {
 	inv := &upstream.GatewayInvoker{URL: s.GatewayURL(0)}
-	cfg := upstream.Config{Instance: name, Stored: true, Invoker: inv}
+	cfg := upstream.Config{Instance: name, Stored: true, Invoker: inv, Registerer: s.cfg.Registerer}
 	if s.upstreamToken != "" {
 		u := s.cfg.Upstream
 		u.CallerToken = s.upstreamToken

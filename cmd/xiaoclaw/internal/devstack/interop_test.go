@@ -10,17 +10,27 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"net"
 	"os/exec"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/openclawref"
+	"github.com/xiaoclaw/xiaoclaw/services/shim/upstream"
 )
 
 func TestInteropOpenClaw(t *testing.T) {
 	ocBin, env := openclawref.Require(t)
-	st := startStack(t, Config{})
+	// The device also has a link to an upstream nothing listens on, so
+	// node.list carries xiaoclaw's extra "upstreams" field, which the stock
+	// CLI must take.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = ln.Close()
+	st := startStack(t, Config{Upstream: upstream.Upstream{Name: "lab", URL: "ws://" + ln.Addr().String(), Token: "t"}})
 	dev := connectDevices(t, st, 0, 1, 9, nil)[0]
 	url := st.GatewayURL(0)
 	home := t.TempDir()
@@ -62,6 +72,9 @@ func TestInteropOpenClaw(t *testing.T) {
 		NodeID      string `json:"nodeId"`
 		DisplayName string `json:"displayName"`
 		Connected   bool   `json:"connected"`
+		Upstreams   []struct {
+			Name string `json:"name"`
+		} `json:"upstreams"`
 	}
 	var hostNode string
 	deadline := time.Now().Add(90 * time.Second)
@@ -73,7 +86,7 @@ func TestInteropOpenClaw(t *testing.T) {
 		if err == nil && json.Unmarshal([]byte(out), &res) == nil {
 			seenDev := false
 			for _, n := range res.Nodes {
-				if n.NodeID == devNode && n.Connected {
+				if n.NodeID == devNode && n.Connected && len(n.Upstreams) == 1 {
 					seenDev = true
 				}
 				if n.DisplayName == "interop-node" && n.Connected {

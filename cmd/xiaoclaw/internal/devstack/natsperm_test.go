@@ -2,6 +2,7 @@ package devstack
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -185,7 +186,8 @@ func TestServicesWorkUnderTheChartsNATSPermissions(t *testing.T) {
 
 // Stored upstreams run under the chart's NATS permissions: the gateway
 // writes the bucket, the shims' workers read it and publish the device to
-// the upstream without hitting a denied subject, and the devicehub's
+// the upstream, the gateway shows the link from the lease bucket in
+// node.list, all without hitting a denied subject, and the devicehub's
 // credentials cannot read the entry (secrets and caller token).
 func TestStoredUpstreamsUnderTheChartsNATSPermissions(t *testing.T) {
 	var violations asyncErrors
@@ -203,6 +205,19 @@ func TestStoredUpstreamsUnderTheChartsNATSPermissions(t *testing.T) {
 	}
 	connectDevices(t, home, 0, 1, 9, nil)
 	waitUpstreamNode(t, operator(t, up.GatewayURL(0)))
+	// The gateway's user reads the links' leases for node.list.
+	local := operator(t, home.GatewayURL(0))
+	eventually.Within(t, waitLimit, "node.list shows the link online", func() bool {
+		raw, err := local.Call(context.Background(), "node.list", map[string]any{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var res struct {
+			Nodes []upstreamLinks `json:"nodes"`
+		}
+		_ = json.Unmarshal(raw, &res)
+		return len(res.Nodes) == 1 && len(res.Nodes[0].Upstreams) == 1 && res.Nodes[0].Upstreams[0].State == wire.UpstreamOnline
+	})
 	if v := violations.list(); len(v) > 0 {
 		t.Fatalf("services hit denied subjects: %v", v)
 	}

@@ -48,7 +48,7 @@ func startRefGateway(t testing.TB, bin string, env []string) *refGateway {
 }
 
 // startRefGatewayAuth starts the reference gateway with gateway.auth set to auth.
-func startRefGatewayAuth(t *testing.T, bin string, env []string, auth map[string]any) *refGateway {
+func startRefGatewayAuth(t testing.TB, bin string, env []string, auth map[string]any) *refGateway {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

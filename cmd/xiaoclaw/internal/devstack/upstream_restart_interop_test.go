@@ -19,6 +19,7 @@ import (
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/eventually"
 	"github.com/xiaoclaw/xiaoclaw/pkg/openclawref"
+	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
 	"github.com/xiaoclaw/xiaoclaw/services/shim/upstream"
 )
 
@@ -181,6 +182,26 @@ func TestInteropUpstreamWrongTokenShowsDisabledAndDoesNotSpin(t *testing.T) {
 		}
 	}
 	t.Logf("wrong token: %s %s", sts[0].State, sts[0].LastError)
+	// So does xiaoclaw's node.list (what `xiaoclaw nodes` prints).
+	local := operator(t, home.GatewayURL(0))
+	eventually.Within(t, time.Minute, "node.list shows every link disabled", func() bool {
+		raw, err := local.Call(context.Background(), "node.list", map[string]any{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var res struct {
+			Nodes []upstreamLinks `json:"nodes"`
+		}
+		_ = json.Unmarshal(raw, &res)
+		disabled := 0
+		for _, n := range res.Nodes {
+			if len(n.Upstreams) == 1 && n.Upstreams[0].Name == "ref" && n.Upstreams[0].State == wire.UpstreamDisabled &&
+				strings.Contains(n.Upstreams[0].LastError, "token") {
+				disabled++
+			}
+		}
+		return disabled == devices
+	})
 
 	// It does not spin: over fifty of the shortest reconnect delays no link
 	// dials again (it waits AuthRetry, minutes).

@@ -1,7 +1,9 @@
 // Package registry is the gateway's view of the node registry (the
 // JetStream KV bucket wire.BucketNodes): an in-memory copy fed by a KV
 // watcher, so node.invoke and node.list never wait for a KV round trip, plus
-// the writes a gateway makes for the OpenClaw node hosts it holds.
+// the writes a gateway makes for the OpenClaw node hosts it holds. Links is
+// the same kind of copy of the upstream links' leases
+// (wire.BucketUpstreamLeases), which node.list shows per node.
 package registry
 
 import (

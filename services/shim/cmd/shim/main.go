@@ -90,7 +90,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	up, upInvoker, err := upFlags.service(cfg.Instance, nc, log)
+	up, upInvoker, err := upFlags.service(cfg.Instance, nc, reg, log)
 	if err != nil {
 		return err
 	}

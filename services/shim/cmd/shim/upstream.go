@@ -6,6 +6,7 @@ import (
 	"log/slog"
 
 	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/xiaoclaw/xiaoclaw/services/shim/upstream"
 )
@@ -34,7 +35,7 @@ func addUpstreamFlags(fs *flag.FlagSet) upstreamFlags {
 }
 
 // service builds the upstream service, or nil when upstream mode is off.
-func (f upstreamFlags) service(instance string, nc *nats.Conn, log *slog.Logger) (*upstream.Service, *upstream.GatewayInvoker, error) {
+func (f upstreamFlags) service(instance string, nc *nats.Conn, reg prometheus.Registerer, log *slog.Logger) (*upstream.Service, *upstream.GatewayInvoker, error) {
 	if *f.url == "" && *f.gatewayURL == "" {
 		return nil, nil, nil
 	}
@@ -42,7 +43,7 @@ func (f upstreamFlags) service(instance string, nc *nats.Conn, log *slog.Logger)
 		return nil, nil, errors.New("upstream mode needs --gateway-url and --upstream-caller-token")
 	}
 	inv := &upstream.GatewayInvoker{URL: *f.gatewayURL}
-	cfg := upstream.Config{Instance: instance, Stored: true, Invoker: inv}
+	cfg := upstream.Config{Instance: instance, Stored: true, Invoker: inv, Registerer: reg}
 	if *f.url != "" {
 		cfg.Upstreams = []upstream.Upstream{{Name: *f.name, Tenant: *f.tenant, URL: *f.url, Token: *f.token,
 			CallerToken: *f.callerToken}}
