@@ -9,28 +9,20 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/activation"
-	"github.com/xiaoclaw/xiaoclaw/pkg/natsembed"
+	"github.com/xiaoclaw/xiaoclaw/pkg/natsembed/natsembedtest"
 )
 
 // TestActivationsShared: a code issued by one hub's Activations is bound
 // through another instance on its own NATS connection (the gateway's admin
 // API), and every instance then knows the device's tenant.
 func TestActivationsSharedThroughNATSKV(t *testing.T) {
-	ns, err := natsembed.Start(natsembed.Config{StoreDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(ns.Shutdown)
+	ns := natsembedtest.Start(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	now := time.Now()
 	clock := func() time.Time { return now }
 	open := func(name string) activation.Store {
-		nc, err := ns.Connect(name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(nc.Close)
+		nc := natsembedtest.Connect(t, ns, name)
 		js, err := jetstream.New(nc)
 		if err != nil {
 			t.Fatal(err)

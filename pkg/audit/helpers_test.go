@@ -19,7 +19,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/audit"
-	"github.com/xiaoclaw/xiaoclaw/pkg/natsembed"
+	"github.com/xiaoclaw/xiaoclaw/pkg/natsembed/natsembedtest"
 )
 
 // defaultPostgresURL is the local test server; XIAOCLAW_TEST_POSTGRES
@@ -119,11 +119,7 @@ func openSQLite(t testing.TB) *audit.SQLiteStore {
 // embeddedNATS starts a JetStream server and returns a connection factory.
 func embeddedNATS(t testing.TB) func() *nats.Conn {
 	t.Helper()
-	srv, err := natsembed.Start(natsembed.Config{StoreDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Shutdown)
+	srv := natsembedtest.Start(t)
 	return func() *nats.Conn {
 		nc, err := nats.Connect(srv.ClientURL(), nats.MaxReconnects(-1))
 		if err != nil {

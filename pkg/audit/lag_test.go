@@ -48,7 +48,7 @@ func TestLagMonitorFollowsTheBacklog(t *testing.T) {
 	}
 	runMonitor(t, mon)
 	gauges := func() (backlog, lag float64) {
-		return gaugeValue(t, reg, telemetry.MetricAuditBacklog), gaugeValue(t, reg, telemetry.MetricAuditLag)
+		return telemetrytest.MetricValue(t, reg, telemetry.MetricAuditBacklog), telemetrytest.MetricValue(t, reg, telemetry.MetricAuditLag)
 	}
 	waitGauges := func(what string, cond func(backlog, lag float64) bool) {
 		t.Helper()
@@ -136,20 +136,4 @@ func runMonitor(t *testing.T, m *audit.LagMonitor) {
 			t.Errorf("lag monitor: %v", err)
 		}
 	})
-}
-
-// gaugeValue reads the unlabelled gauge name from reg.
-func gaugeValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
-			return mf.GetMetric()[0].GetGauge().GetValue()
-		}
-	}
-	t.Fatalf("no gauge %s in the registry", name)
-	return 0
 }

@@ -175,25 +175,12 @@ func (s *PostgresStore) Query(ctx context.Context, q Query) (Page, error) {
 		return Page{}, fmt.Errorf("audit: query: %w", err)
 	}
 	defer rows.Close()
-	var out []Event
-	for rows.Next() {
-		var e Event
-		var a []byte
-		if err := rows.Scan(&e.ID, &e.Time, &e.Kind, &e.Tenant, &e.Principal, &e.PrincipalName, &e.Role, &e.Node,
-			&e.Device, &e.Command, &e.Tool, &a, &e.Decision, &e.RuleID, &e.Outcome, &e.ErrorCode, &e.LatencyUs,
-			&e.TraceID, &e.SpanID, &e.IdempotencyKey, &e.Replayed, &e.RequestID, &e.Instance, &e.Detail); err != nil {
-			return Page{}, fmt.Errorf("audit: query: %w", err)
+	return scanPage(rows, q.Limit, func(e *Event, ts time.Time, args []byte) {
+		e.Time = ts.UTC()
+		if len(args) > 0 {
+			e.Args = args
 		}
-		e.Time = e.Time.UTC()
-		if len(a) > 0 {
-			e.Args = a
-		}
-		out = append(out, e)
-	}
-	if err := rows.Err(); err != nil {
-		return Page{}, fmt.Errorf("audit: query: %w", err)
-	}
-	return pageOf(out, q.Limit), nil
+	})
 }
 
 // Prune drops every partition wholly older than the longest retention,

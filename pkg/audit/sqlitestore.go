@@ -115,26 +115,12 @@ func (s *SQLiteStore) Query(ctx context.Context, q Query) (Page, error) {
 		return Page{}, fmt.Errorf("audit: query: %w", err)
 	}
 	defer rows.Close()
-	var out []Event
-	for rows.Next() {
-		var e Event
-		var ts int64
-		var a sql.NullString
-		if err := rows.Scan(&e.ID, &ts, &e.Kind, &e.Tenant, &e.Principal, &e.PrincipalName, &e.Role, &e.Node,
-			&e.Device, &e.Command, &e.Tool, &a, &e.Decision, &e.RuleID, &e.Outcome, &e.ErrorCode, &e.LatencyUs,
-			&e.TraceID, &e.SpanID, &e.IdempotencyKey, &e.Replayed, &e.RequestID, &e.Instance, &e.Detail); err != nil {
-			return Page{}, fmt.Errorf("audit: query: %w", err)
-		}
+	return scanPage(rows, q.Limit, func(e *Event, ts int64, args sql.NullString) {
 		e.Time = time.UnixMicro(ts).UTC()
-		if a.Valid && a.String != "" {
-			e.Args = []byte(a.String)
+		if args.Valid && args.String != "" {
+			e.Args = []byte(args.String)
 		}
-		out = append(out, e)
-	}
-	if err := rows.Err(); err != nil {
-		return Page{}, fmt.Errorf("audit: query: %w", err)
-	}
-	return pageOf(out, q.Limit), nil
+	})
 }
 
 // Prune deletes rows older than each tenant's retention.

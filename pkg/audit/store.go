@@ -169,6 +169,36 @@ func (q *Query) where(c *cursor, ts func(time.Time) any, tsUs func(int64) any) (
 	return b.String(), args
 }
 
+// rowScanner is what pgx.Rows and *sql.Rows share.
+type rowScanner interface {
+	Next() bool
+	Scan(dest ...any) error
+	Err() error
+}
+
+// scanPage reads the rows of a page query (SELECT columns ... LIMIT
+// limit+1). The time and arguments columns are scanned into the store's
+// own types TS and A, which set converts into the event.
+func scanPage[TS, A any](r rowScanner, limit int, set func(e *Event, ts TS, args A)) (Page, error) {
+	var out []Event
+	for r.Next() {
+		var e Event
+		var ts TS
+		var a A
+		if err := r.Scan(&e.ID, &ts, &e.Kind, &e.Tenant, &e.Principal, &e.PrincipalName, &e.Role, &e.Node,
+			&e.Device, &e.Command, &e.Tool, &a, &e.Decision, &e.RuleID, &e.Outcome, &e.ErrorCode, &e.LatencyUs,
+			&e.TraceID, &e.SpanID, &e.IdempotencyKey, &e.Replayed, &e.RequestID, &e.Instance, &e.Detail); err != nil {
+			return Page{}, fmt.Errorf("audit: query: %w", err)
+		}
+		set(&e, ts, a)
+		out = append(out, e)
+	}
+	if err := r.Err(); err != nil {
+		return Page{}, fmt.Errorf("audit: query: %w", err)
+	}
+	return pageOf(out, limit), nil
+}
+
 // pageOf cuts rows fetched with limit+1 into a page.
 func pageOf(events []Event, limit int) Page {
 	if len(events) <= limit {

@@ -1,10 +1,8 @@
 package natsconn_test
 
 import (
-	"bytes"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -13,38 +11,17 @@ import (
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/eventually"
 	"github.com/xiaoclaw/xiaoclaw/pkg/natsconn"
-	"github.com/xiaoclaw/xiaoclaw/pkg/natsembed"
+	"github.com/xiaoclaw/xiaoclaw/pkg/natsembed/natsembedtest"
 	"github.com/xiaoclaw/xiaoclaw/pkg/telemetry"
+	"github.com/xiaoclaw/xiaoclaw/pkg/telemetry/telemetrytest"
 )
-
-// syncBuffer is a log sink safe for the NATS client's goroutines.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 // A subscription that cannot keep up drops messages; the handler counts the
 // slow consumer and logs it with the subject and the drops.
 func TestNATSErrorHandlerCountsSlowConsumer(t *testing.T) {
-	ns, err := natsembed.Start(natsembed.Config{StoreDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(ns.Shutdown)
+	ns := natsembedtest.Start(t)
 	reg := prometheus.NewRegistry()
-	var logs syncBuffer
+	var logs telemetrytest.LogBuffer
 	onErr, err := natsconn.ErrorHandler(reg, telemetry.LabelShim, slog.New(slog.NewTextHandler(&logs, nil)))
 	if err != nil {
 		t.Fatal(err)
@@ -66,11 +43,7 @@ func TestNATSErrorHandlerCountsSlowConsumer(t *testing.T) {
 	if err := nc.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	pub, err := ns.Connect("producer")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pub.Close)
+	pub := natsembedtest.Connect(t, ns, "producer")
 	for range 100 {
 		if err := pub.Publish("flood", []byte("x")); err != nil {
 			t.Fatal(err)
@@ -79,81 +52,30 @@ func TestNATSErrorHandlerCountsSlowConsumer(t *testing.T) {
 	if err := pub.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	slow := func() float64 { return slowConsumers(t, reg) }
-	deadline := time.Now().Add(10 * time.Second)
-	for slow() < 1 || !strings.Contains(logs.String(), "subject=flood") {
-		if time.Now().After(deadline) {
-			t.Fatalf("slow consumer not reported: count %v, logs %q", slow(), logs.String())
-		}
-		time.Sleep(5 * time.Millisecond) // polling the counter
+	slow := func() float64 {
+		return telemetrytest.MetricValue(t, reg, natsconn.MetricAsyncErrors, "kind", natsconn.KindSlowConsumer)
 	}
+	eventually.Within(t, 10*time.Second, "the slow consumer counted and logged", func() bool {
+		return slow() >= 1 && strings.Contains(logs.String(), "subject=flood")
+	})
 	if !strings.Contains(logs.String(), "kind=slow_consumer") || !strings.Contains(logs.String(), "dropped_total=") {
 		t.Fatalf("log line lacks kind or drops: %q", logs.String())
 	}
 }
 
-// slowConsumers reads xiaoclaw_nats_async_errors_total{kind="slow_consumer"}.
-func slowConsumers(t *testing.T, reg *prometheus.Registry) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != natsconn.MetricAsyncErrors {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "kind" && l.GetValue() == natsconn.KindSlowConsumer {
-					return m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return 0
-}
-
-// natsConnected reads xiaoclaw_nats_connected{service="shim"} from reg.
-func natsConnected(t *testing.T, reg *prometheus.Registry) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != telemetry.MetricNATSConnected {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == telemetry.LabelService && l.GetValue() == telemetry.LabelShim {
-					return m.GetGauge().GetValue()
-				}
-			}
-		}
-	}
-	t.Fatalf("%s{service=%q} not exported", telemetry.MetricNATSConnected, telemetry.LabelShim)
-	return 0
-}
-
 // A service's connection logs a server restart and reconnects, and the
 // gauge follows its state.
 func TestConnectFollowsTheServer(t *testing.T) {
-	ns, err := natsembed.Start(natsembed.Config{StoreDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(ns.Shutdown)
+	ns := natsembedtest.Start(t)
 	reg := prometheus.NewRegistry()
-	var logs syncBuffer
+	var logs telemetrytest.LogBuffer
 	nc, err := natsconn.Connect(reg, ns.ClientURL(), "shim test", telemetry.LabelShim,
 		slog.New(slog.NewTextHandler(&logs, nil)), nats.ReconnectWait(20*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(nc.Close)
-	if got := natsConnected(t, reg); got != 1 {
+	if got := telemetrytest.MetricValue(t, reg, telemetry.MetricNATSConnected, telemetry.LabelService, telemetry.LabelShim); got != 1 {
 		t.Fatalf("connected gauge %v, want 1", got)
 	}
 
@@ -162,11 +84,11 @@ func TestConnectFollowsTheServer(t *testing.T) {
 	}
 	eventually.True(t, "the disconnect to be logged", func() bool { return strings.Contains(logs.String(), "NATS disconnected") })
 	eventually.True(t, "the reconnect to be logged", func() bool { return strings.Contains(logs.String(), "NATS reconnected") })
-	if got := natsConnected(t, reg); got != 1 {
+	if got := telemetrytest.MetricValue(t, reg, telemetry.MetricNATSConnected, telemetry.LabelService, telemetry.LabelShim); got != 1 {
 		t.Fatalf("connected gauge %v after the reconnect, want 1", got)
 	}
 	nc.Close()
-	if got := natsConnected(t, reg); got != 0 {
+	if got := telemetrytest.MetricValue(t, reg, telemetry.MetricNATSConnected, telemetry.LabelService, telemetry.LabelShim); got != 0 {
 		t.Fatalf("connected gauge %v after Close, want 0", got)
 	}
 

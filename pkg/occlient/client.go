@@ -3,23 +3,22 @@
 // optionally, a signed Ed25519 device identity as the stock CLI does), sends
 // requests concurrently over one WebSocket and delivers events. The xiaoclaw
 // CLI, the end-to-end tests and the load command use it against xiaoclaw's
-// gateway; it works against any gateway that speaks the protocol.
+// gateway; it works against any gateway that speaks the protocol. Open,
+// Request and SendRaw give protocol tests the frames themselves; SignDevice
+// and the signature payloads are shared with the gateway's verifier.
 package occlient
 
 import (
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
-	"crypto/sha256"
 	"crypto/tls"
-	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -60,6 +59,14 @@ type Options struct {
 	// ended and Done is closed, with the error Err returns; a caller can
 	// react to the end without a goroutine of its own waiting on Done.
 	OnClose func(error)
+	// OnFrame receives every event frame after the challenge, ticks
+	// included, as sent: for protocol tests. It runs on the read loop.
+	OnFrame func(Frame)
+	// HTTPHeader is sent with the WebSocket upgrade (e.g. X-Forwarded-For);
+	// HTTPClient, when set, makes it (e.g. from a chosen local address; TLS
+	// is then its transport's business).
+	HTTPHeader http.Header
+	HTTPClient *http.Client
 }
 
 // Event is a server event frame.
@@ -89,21 +96,34 @@ func (e *Error) DetailCode() string {
 	return d.Code
 }
 
-type frame struct {
+// Frame is a frame the gateway sent, decoded; Raw holds its bytes.
+type Frame struct {
 	Type    string          `json:"type"`
 	ID      string          `json:"id,omitempty"`
-	Method  string          `json:"method,omitempty"`
-	Params  any             `json:"params,omitempty"`
 	OK      bool            `json:"ok,omitempty"`
 	Payload json.RawMessage `json:"payload,omitempty"`
 	Error   *Error          `json:"error,omitempty"`
 	Event   string          `json:"event,omitempty"`
-	Seq     int64           `json:"seq,omitempty"`
+	Seq     *int64          `json:"seq,omitempty"`
+	Raw     []byte          `json:"-"`
+}
+
+// Challenge is the connect.challenge payload.
+type Challenge struct {
+	Nonce string `json:"nonce"`
+	Ts    int64  `json:"ts"`
+}
+
+type request struct {
+	Type   string `json:"type"`
+	ID     string `json:"id"`
+	Method string `json:"method"`
+	Params any    `json:"params,omitempty"`
 }
 
 type result struct {
-	payload json.RawMessage
-	err     error
+	frame Frame
+	err   error
 }
 
 // Client is one authenticated gateway connection.
@@ -111,9 +131,11 @@ type Client struct {
 	lastFrame atomic.Int64 // unix ms of the last frame read, ticks included
 	conn      *websocket.Conn
 	opts      Options
+	challenge Challenge
 	hello     json.RawMessage
 	tick      time.Duration
 	nextID    atomic.Uint64
+	start     sync.Once
 	mu        sync.Mutex
 	pending   map[string]chan result
 	closed    chan struct{}
@@ -122,6 +144,24 @@ type Client struct {
 
 // Dial connects and completes the handshake.
 func Dial(ctx context.Context, opts Options) (*Client, error) {
+	c, err := Open(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
+	// The handshake reads its frames itself, before the read loop runs, so
+	// a refused connect ends without OnClose.
+	if err := c.handshake(ctx); err != nil {
+		c.conn.Close(websocket.StatusNormalClosure, "")
+		return nil, err
+	}
+	c.run()
+	return c, nil
+}
+
+// Open connects and waits for the connect.challenge without connecting:
+// the caller sends connect itself (Request), as protocol tests do. Options
+// other than URL, HTTP*, OnEvent, OnFrame and OnClose are not used.
+func Open(ctx context.Context, opts Options) (*Client, error) {
 	if opts.Role == "" {
 		opts.Role = "operator"
 	}
@@ -146,8 +186,10 @@ func Dial(ctx context.Context, opts Options) (*Client, error) {
 	if opts.MaxProtocol == 0 {
 		opts.MaxProtocol = 4
 	}
-	dopts := &websocket.DialOptions{CompressionMode: websocket.CompressionDisabled}
-	if opts.TLS != nil {
+	dopts := &websocket.DialOptions{
+		CompressionMode: websocket.CompressionDisabled, HTTPHeader: opts.HTTPHeader, HTTPClient: opts.HTTPClient,
+	}
+	if opts.TLS != nil && opts.HTTPClient == nil {
 		dopts.HTTPClient = &http.Client{Transport: &http.Transport{TLSClientConfig: opts.TLS, Proxy: http.ProxyFromEnvironment}}
 	}
 	conn, _, err := websocket.Dial(ctx, opts.URL, dopts)
@@ -156,31 +198,26 @@ func Dial(ctx context.Context, opts Options) (*Client, error) {
 	}
 	conn.SetReadLimit(32 << 20)
 	c := &Client{conn: conn, opts: opts, pending: map[string]chan result{}, closed: make(chan struct{})}
-	if err := c.handshake(ctx); err != nil {
-		conn.Close(websocket.StatusNormalClosure, "")
-		return nil, err
-	}
-	go c.readLoop()
-	return c, nil
-}
-
-func (c *Client) handshake(ctx context.Context) error {
-	var challenge struct {
-		Nonce string `json:"nonce"`
-		Ts    int64  `json:"ts"`
-	}
 	for {
-		var f frame
+		var f Frame
 		if err := c.readFrame(ctx, &f); err != nil {
-			return fmt.Errorf("waiting for connect.challenge: %w", err)
+			conn.CloseNow()
+			return nil, fmt.Errorf("waiting for connect.challenge: %w", err)
 		}
 		if f.Type == "event" && f.Event == "connect.challenge" {
-			if err := json.Unmarshal(f.Payload, &challenge); err != nil || challenge.Nonce == "" {
-				return errors.New("connect.challenge without nonce")
+			if err := json.Unmarshal(f.Payload, &c.challenge); err != nil || c.challenge.Nonce == "" {
+				conn.CloseNow()
+				return nil, errors.New("connect.challenge without nonce")
 			}
-			break
+			return c, nil
 		}
 	}
+}
+
+// Challenge returns the connect.challenge Open waited for.
+func (c *Client) Challenge() Challenge { return c.challenge }
+
+func (c *Client) handshake(ctx context.Context) error {
 	instanceID := c.opts.InstanceID
 	if instanceID == "" {
 		instanceID = randomID()
@@ -217,15 +254,22 @@ func (c *Client) handshake(ctx context.Context) error {
 		params["auth"] = map[string]any{"password": c.opts.Password}
 	}
 	if c.opts.Identity != nil {
-		params["device"] = c.signDevice(challenge.Nonce, challenge.Ts)
+		signedAt := c.challenge.Ts
+		if signedAt <= 0 {
+			signedAt = time.Now().UnixMilli()
+		}
+		params["device"] = SignDevice(c.opts.Identity, DeviceClaims{
+			ClientID: c.opts.ClientID, Mode: c.opts.Mode, Role: c.opts.Role, Scopes: c.opts.Scopes,
+			Token: c.opts.Token, Platform: c.opts.Platform, DeviceFamily: c.opts.DeviceFamily,
+		}, c.challenge.Nonce, signedAt)
 	}
 	id := "connect-" + randomID()
-	b, _ := json.Marshal(frame{Type: "req", ID: id, Method: "connect", Params: params})
+	b, _ := json.Marshal(request{Type: "req", ID: id, Method: "connect", Params: params})
 	if err := c.conn.Write(ctx, websocket.MessageText, b); err != nil {
 		return fmt.Errorf("send connect: %w", err)
 	}
 	for {
-		var f frame
+		var f Frame
 		if err := c.readFrame(ctx, &f); err != nil {
 			return fmt.Errorf("waiting for hello-ok: %w", err)
 		}
@@ -251,47 +295,13 @@ func (c *Client) handshake(ctx context.Context) error {
 	}
 }
 
-// signDevice builds the v3 device proof: the fields v3, deviceId, client id,
-// mode, role, scopes, signedAt, token, nonce, platform, deviceFamily joined
-// by '|' and signed with Ed25519.
-func (c *Client) signDevice(nonce string, ts int64) map[string]any {
-	pub := c.opts.Identity.Public().(ed25519.PublicKey)
-	sum := sha256.Sum256(pub)
-	deviceID := hex.EncodeToString(sum[:])
-	if ts <= 0 {
-		ts = time.Now().UnixMilli()
-	}
-	payload := strings.Join([]string{"v3", deviceID, c.opts.ClientID, c.opts.Mode, c.opts.Role,
-		strings.Join(c.opts.Scopes, ","), strconv.FormatInt(ts, 10), c.opts.Token, nonce,
-		asciiLower(strings.TrimSpace(c.opts.Platform)), asciiLower(strings.TrimSpace(c.opts.DeviceFamily))}, "|")
-	sig := ed25519.Sign(c.opts.Identity, []byte(payload))
-	return map[string]any{
-		"id":        deviceID,
-		"publicKey": base64.RawURLEncoding.EncodeToString(pub),
-		"signature": base64.RawURLEncoding.EncodeToString(sig),
-		"signedAt":  ts,
-		"nonce":     nonce,
-	}
-}
-
-// asciiLower lower-cases ASCII letters only, as OpenClaw normalizes the
-// signed platform and device family.
-func asciiLower(s string) string {
-	b := []byte(s)
-	for i, c := range b {
-		if c >= 'A' && c <= 'Z' {
-			b[i] = c + ('a' - 'A')
-		}
-	}
-	return string(b)
-}
-
-func (c *Client) readFrame(ctx context.Context, f *frame) error {
+func (c *Client) readFrame(ctx context.Context, f *Frame) error {
 	_, b, err := c.conn.Read(ctx)
 	if err != nil {
 		return err
 	}
 	c.lastFrame.Store(time.Now().UnixMilli())
+	f.Raw = b
 	return json.Unmarshal(b, f)
 }
 
@@ -299,7 +309,7 @@ func (c *Client) readFrame(ctx context.Context, f *frame) error {
 func (c *Client) LastFrame() time.Time { return time.UnixMilli(c.lastFrame.Load()) }
 
 // Err returns why the connection ended, once Done is closed; the WebSocket
-// close status is in the chain (websocket.CloseStatus).
+// close status is in the chain (websocket.CloseStatus, websocket.CloseError).
 func (c *Client) Err() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -312,6 +322,10 @@ func (c *Client) CloseWith(code websocket.StatusCode, reason string) error {
 	return c.conn.Close(code, reason)
 }
 
+// run starts the read loop once: Dial starts it after the handshake, an
+// Open connection on its first use.
+func (c *Client) run() { c.start.Do(func() { go c.readLoop() }) }
+
 func (c *Client) readLoop() {
 	defer func() {
 		close(c.closed)
@@ -320,7 +334,7 @@ func (c *Client) readLoop() {
 		}
 	}()
 	for {
-		var f frame
+		var f Frame
 		if err := c.readFrame(context.Background(), &f); err != nil {
 			c.fail(err)
 			return
@@ -331,19 +345,19 @@ func (c *Client) readLoop() {
 			ch := c.pending[f.ID]
 			delete(c.pending, f.ID)
 			c.mu.Unlock()
-			if ch == nil {
-				continue
-			}
-			if f.OK {
-				ch <- result{payload: f.Payload}
-			} else if f.Error != nil {
-				ch <- result{err: f.Error}
-			} else {
-				ch <- result{err: errors.New("request failed without error")}
+			if ch != nil {
+				ch <- result{frame: f}
 			}
 		case "event":
+			if c.opts.OnFrame != nil {
+				c.opts.OnFrame(f)
+			}
 			if f.Event != "tick" && c.opts.OnEvent != nil {
-				c.opts.OnEvent(Event{Event: f.Event, Payload: f.Payload, Seq: f.Seq})
+				e := Event{Event: f.Event, Payload: f.Payload}
+				if f.Seq != nil {
+					e.Seq = *f.Seq
+				}
+				c.opts.OnEvent(e)
 			}
 		}
 	}
@@ -367,18 +381,35 @@ func (c *Client) Hello() json.RawMessage { return c.hello }
 // TickInterval returns hello-ok's policy.tickIntervalMs; 0 when absent.
 func (c *Client) TickInterval() time.Duration { return c.tick }
 
-// Call sends a request and waits for its response payload.
+// Call sends a request and waits for its response payload; an error answer
+// is an *Error.
 func (c *Client) Call(ctx context.Context, method string, params any) (json.RawMessage, error) {
-	id := strconv.FormatUint(c.nextID.Add(1), 10)
-	b, err := json.Marshal(frame{Type: "req", ID: id, Method: method, Params: params})
-	if err != nil {
+	f, err := c.Request(ctx, strconv.FormatUint(c.nextID.Add(1), 10), method, params)
+	switch {
+	case err != nil:
 		return nil, err
+	case f.OK:
+		return f.Payload, nil
+	case f.Error != nil:
+		return nil, f.Error
+	}
+	return nil, errors.New("request failed without error")
+}
+
+// Request sends a request with the given id and returns its response frame
+// as sent, an error answer included; the error is for a request that got no
+// answer (the connection ended, ctx is done).
+func (c *Client) Request(ctx context.Context, id, method string, params any) (Frame, error) {
+	c.run()
+	b, err := json.Marshal(request{Type: "req", ID: id, Method: method, Params: params})
+	if err != nil {
+		return Frame{}, err
 	}
 	ch := make(chan result, 1)
 	c.mu.Lock()
 	if c.err != nil {
 		c.mu.Unlock()
-		return nil, c.err
+		return Frame{}, c.err
 	}
 	c.pending[id] = ch
 	c.mu.Unlock()
@@ -386,17 +417,23 @@ func (c *Client) Call(ctx context.Context, method string, params any) (json.RawM
 		c.mu.Lock()
 		delete(c.pending, id)
 		c.mu.Unlock()
-		return nil, err
+		return Frame{}, err
 	}
 	select {
 	case r := <-ch:
-		return r.payload, r.err
+		return r.frame, r.err
 	case <-ctx.Done():
 		c.mu.Lock()
 		delete(c.pending, id)
 		c.mu.Unlock()
-		return nil, ctx.Err()
+		return Frame{}, ctx.Err()
 	}
+}
+
+// SendRaw writes one text frame as is.
+func (c *Client) SendRaw(ctx context.Context, data []byte) error {
+	c.run()
+	return c.conn.Write(ctx, websocket.MessageText, data)
 }
 
 // InvokeParams are the params of node.invoke.
@@ -417,10 +454,16 @@ func (c *Client) Invoke(ctx context.Context, p InvokeParams) (json.RawMessage, e
 }
 
 // Done is closed when the connection ends.
-func (c *Client) Done() <-chan struct{} { return c.closed }
+func (c *Client) Done() <-chan struct{} {
+	c.run()
+	return c.closed
+}
 
 // Close closes the connection.
 func (c *Client) Close() error { return c.conn.Close(websocket.StatusNormalClosure, "bye") }
+
+// CloseNow drops the connection without a close handshake.
+func (c *Client) CloseNow() error { return c.conn.CloseNow() }
 
 func randomID() string {
 	var b [16]byte

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/access"
-	"github.com/xiaoclaw/xiaoclaw/pkg/natsembed"
+	"github.com/xiaoclaw/xiaoclaw/pkg/natsembed/natsembedtest"
 	"github.com/xiaoclaw/xiaoclaw/pkg/policy"
 	"github.com/xiaoclaw/xiaoclaw/pkg/tenancy"
 	"github.com/xiaoclaw/xiaoclaw/pkg/tenancy/tenancytest"
@@ -18,21 +18,13 @@ import (
 // changes replica B's decisions within a second, and so does its removal.
 func TestPolicyChangeReachesOtherReplicas(t *testing.T) {
 	ctx := context.Background()
-	srv, err := natsembed.Start(natsembed.Config{StoreDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Shutdown)
+	srv := natsembedtest.Start(t)
 	store := tenancytest.Postgres(t)
 
 	var engines []*policy.Engine
 	var mgr *tenancy.Manager
 	for i, name := range []string{"gw-a", "gw-b"} {
-		nc, err := srv.Connect(name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(nc.Close)
+		nc := natsembedtest.Connect(t, srv, name)
 		e, err := policy.New(policy.Config{Store: store, Log: quiet})
 		if err != nil {
 			t.Fatal(err)

@@ -35,13 +35,14 @@ const Redacted = "[REDACTED]"
 // "text" (dev), at the level held by level (a nil level means a fixed INFO).
 // Its handler adds trace_id and span_id from the context's span, adds the
 // attributes stored with ContextWithLogAttrs, and redacts secrets: the value
-// of any attribute whose key names a secret (token, password, secret,
-// authorization, cookie, credential, key, ...; any case, '_', '-' and '.'
-// ignored) and credentials inside string values (URL passwords, "Bearer
-// <token>", "password=..." and `"token":"..."` forms). Use the *Context
-// logging methods so the trace ids are found.
+// of any attribute whose key, or the key of a group holding it, names a
+// secret (token, password, secret, authorization, cookie, credential, key,
+// ...; any case, '_', '-' and '.' ignored) and credentials inside the
+// message and string values (URL passwords, "Bearer <token>",
+// "password=..." and `"token":"..."` forms). Use the *Context logging
+// methods so the trace ids are found.
 func NewLogger(w io.Writer, format string, level *slog.LevelVar) (*slog.Logger, error) {
-	opts := &slog.HandlerOptions{}
+	opts := &slog.HandlerOptions{ReplaceAttr: redact}
 	if level != nil {
 		opts.Level = level
 	}
@@ -54,13 +55,14 @@ func NewLogger(w io.Writer, format string, level *slog.LevelVar) (*slog.Logger, 
 	default:
 		return nil, fmt.Errorf("telemetry: log format %q: want json or text", format)
 	}
-	return slog.New(NewHandler(inner)), nil
+	return slog.New(&handler{inner: inner}), nil
 }
 
-// NewHandler wraps inner with trace ids, context attributes and redaction,
-// for programs that build their own slog handler.
-func NewHandler(inner slog.Handler) slog.Handler { return &handler{inner: inner} }
-
+// handler adds what ReplaceAttr cannot: attributes taken from the context
+// (trace ids, ContextWithLogAttrs), which only Handle sees. It keeps the
+// groups opened with WithGroup itself, rather than in the inner handler, so
+// those land at the top level of the line. Redaction is the inner handler's
+// ReplaceAttr, which sees every attribute, at any group depth.
 type handler struct {
 	inner  slog.Handler // carries the attributes added before the first group
 	groups []openGroup  // groups opened by WithGroup, outermost first
@@ -80,16 +82,12 @@ func (h *handler) WithAttrs(attrs []slog.Attr) slog.Handler {
 	if len(attrs) == 0 {
 		return h
 	}
-	red := make([]slog.Attr, len(attrs))
-	for i, a := range attrs {
-		red[i] = redactAttr(a)
-	}
 	if len(h.groups) == 0 {
-		return &handler{inner: h.inner.WithAttrs(red)}
+		return &handler{inner: h.inner.WithAttrs(attrs)}
 	}
 	groups := slices.Clone(h.groups)
 	last := &groups[len(groups)-1]
-	last.attrs = append(slices.Clip(last.attrs), red...)
+	last.attrs = append(slices.Clip(last.attrs), attrs...)
 	return &handler{inner: h.inner, groups: groups}
 }
 
@@ -101,7 +99,7 @@ func (h *handler) WithGroup(name string) slog.Handler {
 }
 
 func (h *handler) Handle(ctx context.Context, r slog.Record) error {
-	nr := slog.NewRecord(r.Time, r.Level, Scrub(r.Message), r.PC)
+	nr := slog.NewRecord(r.Time, r.Level, r.Message, r.PC)
 	if sc := trace.SpanContextFromContext(ctx); sc.IsValid() {
 		nr.AddAttrs(slog.String(LogKeyTraceID, sc.TraceID().String()), slog.String(LogKeySpanID, sc.SpanID().String()))
 	}
@@ -110,14 +108,14 @@ func (h *handler) Handle(ctx context.Context, r slog.Record) error {
 	}
 	if len(h.groups) == 0 {
 		r.Attrs(func(a slog.Attr) bool {
-			nr.AddAttrs(redactAttr(a))
+			nr.AddAttrs(a)
 			return true
 		})
 		return h.inner.Handle(ctx, nr)
 	}
 	leaf := make([]slog.Attr, 0, r.NumAttrs())
 	r.Attrs(func(a slog.Attr) bool {
-		leaf = append(leaf, redactAttr(a))
+		leaf = append(leaf, a)
 		return true
 	})
 	for i := len(h.groups) - 1; i >= 0; i-- {
@@ -132,16 +130,11 @@ func (h *handler) Handle(ctx context.Context, r slog.Record) error {
 type logAttrsKey struct{}
 
 // ContextWithLogAttrs returns ctx carrying attrs (tenant, node, request id,
-// ...) that the logger's handler adds to every line logged with ctx.
-// Secrets among them are redacted here already.
+// ...) that the logger's handler adds to every line logged with ctx,
+// redacted as any attribute.
 func ContextWithLogAttrs(ctx context.Context, attrs ...slog.Attr) context.Context {
 	prev, _ := ctx.Value(logAttrsKey{}).([]slog.Attr)
-	next := make([]slog.Attr, 0, len(prev)+len(attrs))
-	next = append(next, prev...)
-	for _, a := range attrs {
-		next = append(next, redactAttr(a))
-	}
-	return context.WithValue(ctx, logAttrsKey{}, next)
+	return context.WithValue(ctx, logAttrsKey{}, append(slices.Clip(prev), attrs...))
 }
 
 // IsSecretKey reports whether an attribute or field named key holds a secret
@@ -188,30 +181,32 @@ func normalizeKey(dst []byte, key string) []byte {
 	return dst
 }
 
-// redactAttr returns a with secret values replaced.
-func redactAttr(a slog.Attr) slog.Attr {
-	if a.Key != "" && IsSecretKey(a.Key) {
+// redact is the handlers' ReplaceAttr: it gets every attribute but groups
+// (their members come one by one, with the names of the groups holding
+// them) and the message, with LogValuers already resolved.
+func redact(groups []string, a slog.Attr) slog.Attr {
+	if a.Key != "" && IsSecretKey(a.Key) || slices.ContainsFunc(groups, IsSecretKey) {
 		if a.Value.Kind() == slog.KindString && a.Value.String() == "" {
 			return a // an empty secret reveals nothing, and says it is unset
 		}
 		return slog.String(a.Key, Redacted)
 	}
-	v := a.Value.Resolve()
+	v := a.Value
 	switch v.Kind() {
 	case slog.KindString:
 		s := v.String()
 		if r := Scrub(s); r != s {
 			return slog.String(a.Key, r)
 		}
-	case slog.KindGroup:
-		g := v.Group()
-		out := make([]slog.Attr, len(g))
-		for i, ga := range g {
-			out[i] = redactAttr(ga)
-		}
-		return slog.Attr{Key: a.Key, Value: slog.GroupValue(out...)}
 	case slog.KindAny:
 		switch x := v.Any().(type) {
+		case slog.Level:
+			// With a ReplaceAttr, slog's JSON handler writes the level
+			// through encoding/json, an allocation a line; as a string the
+			// same text is written directly.
+			if a.Key == slog.LevelKey && len(groups) == 0 {
+				return slog.String(a.Key, x.String())
+			}
 		case error:
 			s := x.Error()
 			if r := Scrub(s); r != s {
@@ -229,9 +224,6 @@ func redactAttr(a slog.Attr) slog.Attr {
 				return slog.String(a.Key, r)
 			}
 		}
-	}
-	if v.Kind() != a.Value.Kind() {
-		return slog.Attr{Key: a.Key, Value: v}
 	}
 	return a
 }

@@ -151,6 +151,25 @@ func TestNoSecretInLogOutput(t *testing.T) {
 	}
 }
 
+// A group named for a secret hides all it holds, at any depth, and the
+// trace ids stay at the top level of a line logged inside groups.
+func TestSecretGroupsAtAnyDepth(t *testing.T) {
+	log, buf := newTestLogger(t, "json", nil)
+	ctx, _ := telemetry.ContextWithTraceparent(context.Background(), validTP)
+	log.WithGroup("db").With("host", "pg").WithGroup("credentials").InfoContext(ctx, "x",
+		"user", "app-user-1d2e", slog.Group("inner", slog.String("note", "inner-val-7c3b")))
+	out := buf.String()
+	for _, s := range []string{"app-user-1d2e", "inner-val-7c3b"} {
+		if strings.Contains(out, s) {
+			t.Errorf("%q in %s", s, out)
+		}
+	}
+	line := jsonLines(t, buf)[0]
+	if line["trace_id"] != "4bf92f3577b34da6a3ce929d0e0e4736" || line["db"].(map[string]any)["host"] != "pg" {
+		t.Fatalf("line %v", line)
+	}
+}
+
 func TestIsSecretKey(t *testing.T) {
 	for _, k := range []string{"token", "Token", "operator_token", "ACCESS-TOKEN", "password", "db.password", "passwd",
 		"secret", "hmacSecret", "authorization", "Proxy-Authorization", "cookie", "set-cookie", "credentials",

@@ -248,6 +248,16 @@ func CommandLabel(command string) string {
 // label at the devicehub: "tools/call" is "mcp.tools.call", "initialize" is
 // "mcp.initialize".
 func MCPCommand(method string) string {
+	switch method { // the devicehub's every call: no allocation for these
+	case "tools/call":
+		return "mcp.tools.call"
+	case "tools/list":
+		return "mcp.tools.list"
+	case "initialize":
+		return "mcp.initialize"
+	case "ping":
+		return "mcp.ping"
+	}
 	return "mcp." + strings.ReplaceAll(method, "/", ".")
 }
 

@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/natsembed"
+	"github.com/xiaoclaw/xiaoclaw/pkg/natsembed/natsembedtest"
 	"github.com/xiaoclaw/xiaoclaw/pkg/telemetry"
 	"github.com/xiaoclaw/xiaoclaw/pkg/telemetry/telemetrytest"
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
@@ -23,17 +24,9 @@ import (
 // startNATS runs an embedded server and returns a connect func.
 func startNATS(t testing.TB) (*natsembed.Server, func(name string) *nats.Conn) {
 	t.Helper()
-	srv, err := natsembed.Start(natsembed.Config{StoreDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Shutdown)
+	srv := natsembedtest.Start(t)
 	return srv, func(name string) *nats.Conn {
-		nc, err := srv.Connect(name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(nc.Close)
+		nc := natsembedtest.Connect(t, srv, name)
 		return nc
 	}
 }

@@ -9,7 +9,7 @@ import (
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/access"
 	"github.com/xiaoclaw/xiaoclaw/pkg/eventually"
-	"github.com/xiaoclaw/xiaoclaw/pkg/natsembed"
+	"github.com/xiaoclaw/xiaoclaw/pkg/natsembed/natsembedtest"
 	"github.com/xiaoclaw/xiaoclaw/pkg/tenancy"
 	"github.com/xiaoclaw/xiaoclaw/pkg/tenancy/tenancytest"
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
@@ -42,21 +42,9 @@ func startWatcher(t *testing.T, w *tenancy.Watcher) {
 // them (the test logs how soon), and its re-check hook sees the new state.
 func TestRevocationReachesAnotherReplica(t *testing.T) {
 	ctx := context.Background()
-	srv, err := natsembed.Start(natsembed.Config{StoreDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Shutdown)
-	ncA, err := srv.Connect("replica-a")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ncA.Close()
-	ncB, err := srv.Connect("replica-b")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ncB.Close()
+	srv := natsembedtest.Start(t)
+	ncA := natsembedtest.Connect(t, srv, "replica-a")
+	ncB := natsembedtest.Connect(t, srv, "replica-b")
 
 	store := tenancytest.SQLite(t)
 	mgr, err := tenancy.NewManager(tenancy.ManagerConfig{Store: store, CheckRule: acceptRule, Log: quiet, Notify: tenancy.NATSNotifier(ncA)})
@@ -123,16 +111,8 @@ func TestRevocationReachesAnotherReplica(t *testing.T) {
 // notification still reaches a replica, through the version poll.
 func TestResyncCatchesMissedNotifications(t *testing.T) {
 	ctx := context.Background()
-	srv, err := natsembed.Start(natsembed.Config{StoreDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Shutdown)
-	nc, err := srv.Connect("replica")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
+	srv := natsembedtest.Start(t)
+	nc := natsembedtest.Connect(t, srv, "replica")
 	store := tenancytest.SQLite(t)
 	silent, _ := tenancy.NewManager(tenancy.ManagerConfig{Store: store, CheckRule: acceptRule, Log: quiet})
 	if _, err := silent.CreateTenant(ctx, tenancy.TenantSpec{ID: "acme"}); err != nil {

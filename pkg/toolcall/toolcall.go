@@ -15,10 +15,10 @@ import (
 	"encoding/json"
 	"errors"
 	"strconv"
-	"strings"
 	"unicode/utf8"
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/jsonobj"
+	"github.com/xiaoclaw/xiaoclaw/pkg/jsstr"
 )
 
 // The commands that call a tool.
@@ -152,7 +152,7 @@ func parseV1(params []byte) (Call, error) {
 	}
 	s, _ := jsonobj.String(server)
 	t, _ := jsonobj.String(tool)
-	s, t = strings.TrimFunc(s, isJSSpace), strings.TrimFunc(t, isJSSpace)
+	s, t = jsstr.Trim(s), jsstr.Trim(t)
 	if s == "" || t == "" {
 		return Call{}, errors.New("server and tool required")
 	}
@@ -185,13 +185,3 @@ func trimJSONSpace(b []byte) []byte {
 }
 
 func isJSONSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
-
-// isJSSpace is JavaScript's String.prototype.trim set (WhiteSpace and
-// LineTerminator), which OpenClaw's node host trims server and tool with.
-func isJSSpace(r rune) bool {
-	switch r {
-	case '\t', '\n', '\v', '\f', '\r', ' ', 0xa0, 0x1680, 0x2028, 0x2029, 0x202f, 0x205f, 0x3000, 0xfeff:
-		return true
-	}
-	return r >= 0x2000 && r <= 0x200a
-}

@@ -9,6 +9,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/jsonobj"
+	"github.com/xiaoclaw/xiaoclaw/pkg/jsstr"
 )
 
 const vol = "self.audio_speaker.set_volume"
@@ -148,7 +149,7 @@ func FuzzParse(f *testing.F) {
 			t.Fatalf("tool of %q: %v", params, err)
 		}
 		if v1 {
-			tool = strings.TrimFunc(tool, isJSSpace)
+			tool = jsstr.Trim(tool)
 		}
 		if tool != c.Tool {
 			t.Fatalf("Parse(%q).Tool = %q, encoding/json reads %q", params, c.Tool, tool)

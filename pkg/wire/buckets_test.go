@@ -7,7 +7,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/xiaoclaw/xiaoclaw/pkg/natsembed"
+	"github.com/xiaoclaw/xiaoclaw/pkg/natsembed/natsembedtest"
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
 )
 
@@ -15,16 +15,8 @@ import (
 // configuration; a later service binds the bucket it finds, settings and
 // entries as they are.
 func TestOpenBucketCreatesOnceAndBindsAfter(t *testing.T) {
-	ns, err := natsembed.Start(natsembed.Config{StoreDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(ns.Shutdown)
-	nc, err := ns.Connect("buckets")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
+	ns := natsembedtest.Start(t)
+	nc := natsembedtest.Connect(t, ns, "buckets")
 	js, err := jetstream.New(nc)
 	if err != nil {
 		t.Fatal(err)

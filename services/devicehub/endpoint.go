@@ -3,7 +3,6 @@ package devicehub
 import (
 	"context"
 	"errors"
-	"net"
 	"net/http"
 	"strings"
 	"time"
@@ -27,12 +26,8 @@ const endpointHello = `{"type":"hello","transport":"mcp-endpoint","features":{"m
 // serveEndpoint authenticates an endpoint connection by its token and
 // runs it as a session.
 func (h *hub) serveEndpoint(w http.ResponseWriter, r *http.Request) {
-	remoteIP := r.RemoteAddr
-	if host, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
-		remoteIP = host
-	}
-	if wait := h.throttled(wire.TransportWebSocket, remoteIP); wait > 0 {
-		tooManyFailures(w, wait)
+	remoteIP, ok := h.admitWebSocket(w, r)
+	if !ok {
 		return
 	}
 	token := r.URL.Query().Get("token")

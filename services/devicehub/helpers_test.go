@@ -15,6 +15,7 @@ import (
 	"github.com/xiaoclaw/xiaoclaw/pkg/deviceauth"
 	"github.com/xiaoclaw/xiaoclaw/pkg/eventually"
 	"github.com/xiaoclaw/xiaoclaw/pkg/natsembed"
+	"github.com/xiaoclaw/xiaoclaw/pkg/natsembed/natsembedtest"
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
 	"github.com/xiaoclaw/xiaoclaw/pkg/xzsim"
 	"github.com/xiaoclaw/xiaoclaw/services/devicehub"
@@ -35,16 +36,8 @@ type env struct {
 
 func newEnv(t testing.TB) *env {
 	tt, _ := t.(*testing.T)
-	ns, err := natsembed.Start(natsembed.Config{StoreDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(ns.Shutdown)
-	nc, err := ns.Connect("test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
+	ns := natsembedtest.Start(t)
+	nc := natsembedtest.Connect(t, ns, "test")
 	return &env{t: tt, ns: ns, nc: nc}
 }
 

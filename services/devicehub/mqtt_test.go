@@ -302,12 +302,10 @@ func mcpReply(req map[string]any, result string) []byte {
 	return []byte(`{"session_id":"","type":"mcp","payload":{"jsonrpc":"2.0","id":` + string(id) + `,"result":` + result + `}}`)
 }
 
-func TestMQTTOversizedMessagesRefusedWithTooLarge(t *testing.T) {
-	e := newEnv(t)
-	hub := startMQTTHub(t, e, nil)
-	const mac = "aa:bb:cc:0f:00:07"
-	w := watch(t, e, testTenant, canonical(t, mac))
-	big := `{"content":[{"type":"text","text":"` + strings.Repeat("x", 9000) + `"}],"isError":false}`
+// bigResultDevice connects a raw MQTT device whose tool self.big answers
+// with the result big, and any other call with a short one.
+func bigResultDevice(t *testing.T, hub *devicehub.Service, mac, big string) {
+	t.Helper()
 	rawDevice(t, hub, mac, func(req map[string]any) []byte {
 		switch req["method"] {
 		case "initialize":
@@ -320,6 +318,15 @@ func TestMQTTOversizedMessagesRefusedWithTooLarge(t *testing.T) {
 		}
 		return mcpReply(req, `{"content":[{"type":"text","text":"true"}],"isError":false}`)
 	})
+}
+
+func TestMQTTOversizedMessagesRefusedWithTooLarge(t *testing.T) {
+	e := newEnv(t)
+	hub := startMQTTHub(t, e, nil)
+	const mac = "aa:bb:cc:0f:00:07"
+	w := watch(t, e, testTenant, canonical(t, mac))
+	big := `{"content":[{"type":"text","text":"` + strings.Repeat("x", 9000) + `"}],"isError":false}`
+	bigResultDevice(t, hub, mac, big)
 	dev := w.nextKind(wire.DeviceOnline).Device
 
 	f := fault(t, rpc(t, e.nc, testTenant, dev, callBody("self.big", `{}`), 5*time.Second))
@@ -654,18 +661,7 @@ func TestResultsOverMaxResultBytesRefused(t *testing.T) {
 	const mac = "aa:bb:cc:0f:00:08"
 	w := watch(t, e, testTenant, canonical(t, mac))
 	big := `{"content":[{"type":"text","text":"` + strings.Repeat("x", 6000) + `"}],"isError":false}`
-	rawDevice(t, hub, mac, func(req map[string]any) []byte {
-		switch req["method"] {
-		case "initialize":
-			return mcpReply(req, `{"protocolVersion":"2024-11-05","capabilities":{"tools":{}},"serverInfo":{"name":"raw","version":"1"}}`)
-		case "tools/list":
-			return mcpReply(req, `{"tools":[{"name":"self.big","description":"","inputSchema":{"type":"object","properties":{}}}]}`)
-		}
-		if p, _ := req["params"].(map[string]any); p["name"] == "self.big" {
-			return mcpReply(req, big)
-		}
-		return mcpReply(req, `{"content":[{"type":"text","text":"true"}],"isError":false}`)
-	})
+	bigResultDevice(t, hub, mac, big)
 	dev := w.nextKind(wire.DeviceOnline).Device
 
 	f := fault(t, rpc(t, e.nc, testTenant, dev, callBody("self.big", `{}`), 5*time.Second))

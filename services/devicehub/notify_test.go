@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/eventually"
+	"github.com/xiaoclaw/xiaoclaw/pkg/telemetry/telemetrytest"
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
 	"github.com/xiaoclaw/xiaoclaw/services/devicehub"
 )
@@ -97,7 +98,9 @@ func TestNotificationFloodIsLimited(t *testing.T) {
 	if err := b.Notify(context.Background(), "notifications/state_changed", json.RawMessage(`{"newState":"idle"}`)); err != nil {
 		t.Fatal(err)
 	}
-	dropped := func() int64 { return droppedNotifications(t, reg, testTenant) }
+	dropped := func() int64 {
+		return int64(telemetrytest.MetricValue(t, reg, devicehub.MetricNotificationsDropped, "tenant", testTenant))
+	}
 	eventually.True(t, "every notification passed or dropped", func() bool { return gotB.Load() == 1 && gotA.Load()+dropped() == flood })
 	elapsed := time.Since(start)
 
@@ -112,26 +115,4 @@ func TestNotificationFloodIsLimited(t *testing.T) {
 	if w := warnings.Load(); w != 1 {
 		t.Fatalf("%d warnings about the flood, want 1", w)
 	}
-}
-
-// droppedNotifications reads the dropped-notifications counter of a tenant.
-func droppedNotifications(t *testing.T, reg *prometheus.Registry, tenant string) int64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != devicehub.MetricNotificationsDropped {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "tenant" && l.GetValue() == tenant {
-					return int64(m.GetCounter().GetValue())
-				}
-			}
-		}
-	}
-	return 0
 }

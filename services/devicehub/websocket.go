@@ -32,16 +32,27 @@ const (
 	authTimeout   = 5 * time.Second
 )
 
-// serveWebSocket authenticates the upgrade request, accepts the WebSocket
-// and hands it to a goroutine of its own, so that net/http's connection
-// goroutine (and its larger stack) ends right away.
-func (h *hub) serveWebSocket(w http.ResponseWriter, r *http.Request) {
-	remoteIP := r.RemoteAddr
+// admitWebSocket returns the client address of a WebSocket upgrade (a
+// device's or an MCP endpoint's), or answers 429 and false while the
+// address is throttled for failed authentication.
+func (h *hub) admitWebSocket(w http.ResponseWriter, r *http.Request) (remoteIP string, ok bool) {
+	remoteIP = r.RemoteAddr
 	if host, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
 		remoteIP = host
 	}
 	if wait := h.throttled(wire.TransportWebSocket, remoteIP); wait > 0 {
 		tooManyFailures(w, wait)
+		return "", false
+	}
+	return remoteIP, true
+}
+
+// serveWebSocket authenticates the upgrade request, accepts the WebSocket
+// and hands it to a goroutine of its own, so that net/http's connection
+// goroutine (and its larger stack) ends right away.
+func (h *hub) serveWebSocket(w http.ResponseWriter, r *http.Request) {
+	remoteIP, ok := h.admitWebSocket(w, r)
+	if !ok {
 		return
 	}
 	creds, err := xzproto.ParseCredentials(r.Header, r.URL.Query())

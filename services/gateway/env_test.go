@@ -17,6 +17,7 @@ import (
 	"github.com/xiaoclaw/xiaoclaw/pkg/access"
 	"github.com/xiaoclaw/xiaoclaw/pkg/eventually"
 	"github.com/xiaoclaw/xiaoclaw/pkg/natsembed"
+	"github.com/xiaoclaw/xiaoclaw/pkg/natsembed/natsembedtest"
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
 	"github.com/xiaoclaw/xiaoclaw/services/gateway"
 	"github.com/xiaoclaw/xiaoclaw/services/gateway/internal/gwtest"
@@ -53,16 +54,8 @@ type env struct {
 
 func newEnv(t testing.TB) *env {
 	t.Helper()
-	ns, err := natsembed.Start(natsembed.Config{StoreDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(ns.Shutdown)
-	nc, err := ns.Connect("test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
+	ns := natsembedtest.Start(t)
+	nc := natsembedtest.Connect(t, ns, "test")
 	js, err := jetstream.New(nc)
 	if err != nil {
 		t.Fatal(err)

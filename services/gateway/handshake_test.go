@@ -61,7 +61,7 @@ func resign(t *testing.T, params map[string]any, ch gwtest.Challenge, priv ed255
 	if p == nil {
 		t.Fatal(why)
 	}
-	protocol.SignDevice(p, priv, ch.Nonce, ch.Ts)
+	gwtest.SignDevice(p, priv, ch.Nonce, ch.Ts)
 	params["device"] = p.Device
 }
 
@@ -173,7 +173,7 @@ func TestSEraSignedCLIConnectV3(t *testing.T) {
 	p := gwtest.OperatorParams(tokOperator, "operator.admin", "operator.read", "operator.write", "operator.approvals", "operator.pairing")
 	*p.MinProtocol, *p.MaxProtocol = 3, 3
 	_, priv, _ := ed25519.GenerateKey(nil)
-	protocol.SignDevice(p, priv, c.Challenge.Nonce, time.Now().UnixMilli())
+	gwtest.SignDevice(p, priv, c.Challenge.Nonce, time.Now().UnixMilli())
 	res, err := c.Connect(ctxT(t), p)
 	if err != nil {
 		t.Fatal(err)
@@ -275,7 +275,7 @@ func signedNode(token string, mutate func(p *protocol.ConnectParams, ch gwtest.C
 	return func(ch gwtest.Challenge) any {
 		_, priv, _ := ed25519.GenerateKey(nil)
 		p := gwtest.NodeParams(token, "n1", "system.which")
-		protocol.SignDevice(p, priv, ch.Nonce, ch.Ts)
+		gwtest.SignDevice(p, priv, ch.Nonce, ch.Ts)
 		if mutate != nil {
 			mutate(p, ch, priv)
 		}
@@ -318,7 +318,7 @@ func TestHandshakeFailuresUseOpenClawCodes(t *testing.T) {
 		{
 			name: "stale signedAt",
 			params: signedNode(tokAdmin, func(p *protocol.ConnectParams, ch gwtest.Challenge, priv ed25519.PrivateKey) {
-				protocol.SignDevice(p, priv, ch.Nonce, ch.Ts-121_000)
+				gwtest.SignDevice(p, priv, ch.Nonce, ch.Ts-121_000)
 			}),
 			code: "INVALID_REQUEST", detailCode: "DEVICE_AUTH_SIGNATURE_EXPIRED", message: "device signature expired",
 			closeCode: 1008, closeMsg: "device signature expired",
@@ -326,7 +326,7 @@ func TestHandshakeFailuresUseOpenClawCodes(t *testing.T) {
 		{
 			name: "nonce of another challenge",
 			params: signedNode(tokAdmin, func(p *protocol.ConnectParams, ch gwtest.Challenge, priv ed25519.PrivateKey) {
-				protocol.SignDevice(p, priv, "8f8a7eee-6bd8-4272-932c-cd1f7aa069e9", ch.Ts)
+				gwtest.SignDevice(p, priv, "8f8a7eee-6bd8-4272-932c-cd1f7aa069e9", ch.Ts)
 			}),
 			code: "INVALID_REQUEST", detailCode: "DEVICE_AUTH_NONCE_MISMATCH", message: "device nonce mismatch",
 			closeCode: 1008, closeMsg: "device nonce mismatch",
@@ -419,7 +419,7 @@ func TestAuthFailureDetails(t *testing.T) {
 	// A wrong token with a signed device: OpenClaw suggests the device token.
 	_, priv, _ := ed25519.GenerateKey(nil)
 	p := gwtest.OperatorParams("wrong", "operator.read")
-	protocol.SignDevice(p, priv, c.Challenge.Nonce, c.Challenge.Ts)
+	gwtest.SignDevice(p, priv, c.Challenge.Nonce, c.Challenge.Ts)
 	fe := failure(t, must(c.Connect(ctxT(t), p)))
 	want := `{"code":"AUTH_TOKEN_MISMATCH","authReason":"token_mismatch","canRetryWithDeviceToken":true,"recommendedNextStep":"retry_with_device_token"}`
 	if string(fe.Details) != want {

@@ -87,16 +87,6 @@ func (s *Service) invoke(o *invokeOrigin, params json.RawMessage) {
 	call.ctx, call.span = telemetry.StartOperatorRequest(o.ctx, s.tracer, protocol.MethodNodeInvoke, o.traceparent,
 		telemetry.CallInfo{Tenant: o.principal.Tenant, Principal: o.principal.ID})
 	call.audit.TraceID, call.audit.SpanID = telemetry.TraceIDs(call.ctx)
-	if answer, traceID := o.answer, call.audit.TraceID; traceID != "" {
-		// The reply names the call's trace, as its audit row and log lines
-		// do: in the payload (invokeOKPayload) or in the error's details.
-		o.answer = func(result []byte, e *protocol.Error) {
-			if e != nil {
-				e = e.WithTraceID(traceID)
-			}
-			answer(result, e)
-		}
-	}
 	inv, perr := protocol.ParseNodeInvoke(params)
 	if perr != nil {
 		call.reject(perr, OutcomeRejected)
@@ -262,7 +252,7 @@ func (call *invokeCall) run() {
 		if err := s.idem.Abandon(claim); err != nil {
 			s.log.Warn("idempotency record", "err", err)
 		}
-		o.answer(nil, protocol.Unavailable("audit unavailable: "+err.Error(), true))
+		call.answer(nil, protocol.Unavailable("audit unavailable: "+err.Error(), true))
 		call.finish(OutcomeError, wire.FaultUnavailable, err)
 		return
 	}
@@ -316,11 +306,11 @@ func (call *invokeCall) run() {
 	code := ""
 	if perr == nil {
 		result = invokeOKPayload(call.inv.NodeID, call.inv.Command, call.audit.TraceID, payload)
-		o.answer(result, nil)
+		call.answer(result, nil)
 	} else {
 		result = protocol.AppendError(nil, perr)
 		code = errorCode(perr)
-		o.answer(nil, perr)
+		call.answer(nil, perr)
 	}
 	call.audit.Outcome, call.audit.ErrorCode = outcome, code
 	call.audit.Latency = time.Since(call.audit.Time)
@@ -386,8 +376,18 @@ func (call *invokeCall) answerAudited(result []byte, e *protocol.Error, outcome 
 		result, e = nil, protocol.Unavailable("audit unavailable: "+err.Error(), true)
 		outcome, code, failure = OutcomeError, wire.FaultUnavailable, err
 	}
-	call.o.answer(result, e)
+	call.answer(result, e)
 	call.finish(outcome, code, failure)
+}
+
+// answer answers the call once its span has started. The reply names the
+// call's trace, as its audit row and log lines do: in the payload
+// (invokeOKPayload) or in the error's details.
+func (call *invokeCall) answer(result []byte, e *protocol.Error) {
+	if e != nil && call.audit.TraceID != "" {
+		e = e.WithTraceID(call.audit.TraceID)
+	}
+	call.o.answer(result, e)
 }
 
 // finish ends the call's span and metrics once its answer is sent.

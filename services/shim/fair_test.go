@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/telemetry"
+	"github.com/xiaoclaw/xiaoclaw/pkg/telemetry/telemetrytest"
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
 	"github.com/xiaoclaw/xiaoclaw/services/shim"
 )
@@ -98,30 +99,6 @@ func (e *env) flood(t *testing.T, tenant string, nodes []string, h nats.Header, 
 	}
 }
 
-// refusedCount reads xiaoclaw_invokes_refused_total{service="shim",tenant,limit}.
-func refusedCount(t *testing.T, reg *prometheus.Registry, tenant, limit string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != telemetry.MetricInvokesRefused {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			labels := map[string]string{}
-			for _, l := range m.GetLabel() {
-				labels[l.GetName()] = l.GetValue()
-			}
-			if labels[telemetry.LabelService] == telemetry.LabelShim && labels[telemetry.LabelTenant] == tenant && labels[telemetry.LabelLimit] == limit {
-				return m.GetCounter().GetValue()
-			}
-		}
-	}
-	return 0
-}
-
 // wantRefusal checks a reply is the typed refusal of a limit.
 func wantRefusal(t *testing.T, r wire.InvokeReply, code, limit string, max int) {
 	t.Helper()
@@ -168,10 +145,10 @@ func TestTenantFloodDoesNotStarveOthers(t *testing.T) {
 	for _, r := range replies {
 		wantRefusal(t, r, wire.FaultRateLimited, wire.LimitTenant, 4)
 	}
-	if n := refusedCount(t, reg, "flood", wire.LimitTenant); n != 96 {
+	if n := telemetrytest.MetricValue(t, reg, telemetry.MetricInvokesRefused, telemetry.LabelService, telemetry.LabelShim, telemetry.LabelTenant, "flood", telemetry.LabelLimit, wire.LimitTenant); n != 96 {
 		t.Errorf("refusals counted for the flooding tenant = %v, want 96", n)
 	}
-	if n := refusedCount(t, reg, "quiet", wire.LimitTenant); n != 0 {
+	if n := telemetrytest.MetricValue(t, reg, telemetry.MetricInvokesRefused, telemetry.LabelService, telemetry.LabelShim, telemetry.LabelTenant, "quiet", telemetry.LabelLimit, wire.LimitTenant); n != 0 {
 		t.Errorf("refusals counted for the other tenant = %v, want 0", n)
 	}
 }
@@ -200,10 +177,10 @@ func TestTenantLimitsFromHeader(t *testing.T) {
 		t.Fatalf("%d calls answered at once, want 1", len(replies))
 	}
 	wantRefusal(t, replies[0], wire.FaultRateLimited, wire.LimitTenant, 5)
-	if n := refusedCount(t, reg, tenant, wire.LimitDevice); n != 3 {
+	if n := telemetrytest.MetricValue(t, reg, telemetry.MetricInvokesRefused, telemetry.LabelService, telemetry.LabelShim, telemetry.LabelTenant, tenant, telemetry.LabelLimit, wire.LimitDevice); n != 3 {
 		t.Errorf("device refusals counted = %v, want 3", n)
 	}
-	if n := refusedCount(t, reg, tenant, wire.LimitTenant); n != 1 {
+	if n := telemetrytest.MetricValue(t, reg, telemetry.MetricInvokesRefused, telemetry.LabelService, telemetry.LabelShim, telemetry.LabelTenant, tenant, telemetry.LabelLimit, wire.LimitTenant); n != 1 {
 		t.Errorf("tenant refusals counted = %v, want 1", n)
 	}
 

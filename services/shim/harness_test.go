@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/natsembed"
+	"github.com/xiaoclaw/xiaoclaw/pkg/natsembed/natsembedtest"
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
 	"github.com/xiaoclaw/xiaoclaw/services/shim"
 )
@@ -43,22 +44,14 @@ type env struct {
 
 func newEnv(t testing.TB) *env {
 	t.Helper()
-	srv, err := natsembed.Start(natsembed.Config{StoreDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Shutdown)
+	srv := natsembedtest.Start(t)
 	nc := connect(t, srv, "test")
 	return &env{srv: srv, nc: nc}
 }
 
 func connect(t testing.TB, srv *natsembed.Server, name string) *nats.Conn {
 	t.Helper()
-	nc, err := srv.Connect(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
+	nc := natsembedtest.Connect(t, srv, name)
 	return nc
 }
 

@@ -1,6 +1,8 @@
-// Package telemetrytest helps tests assert on traces: an in-memory span
-// recorder shared by several per-service tracer providers, and an in-process
-// OTLP receiver (HTTP/protobuf and gRPC) that decodes what real exporters send.
+// Package telemetrytest helps tests assert on traces, logs and metrics: an
+// in-memory span recorder shared by several per-service tracer providers, an
+// in-process OTLP receiver (HTTP/protobuf and gRPC) that decodes what real
+// exporters send, a log buffer safe for concurrent writers and a reader of
+// metric values.
 package telemetrytest
 
 import (

@@ -13,8 +13,6 @@ package adminapi
 
 import (
 	"context"
-	"crypto/sha256"
-	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -23,7 +21,6 @@ import (
 	"mime"
 	"net/http"
 	"net/netip"
-	"strconv"
 	"strings"
 	"time"
 
@@ -33,6 +30,8 @@ import (
 	"github.com/xiaoclaw/xiaoclaw/pkg/authguard"
 	"github.com/xiaoclaw/xiaoclaw/pkg/policy"
 	"github.com/xiaoclaw/xiaoclaw/pkg/tenancy"
+
+	"github.com/xiaoclaw/xiaoclaw/services/gateway/internal/httpapi"
 )
 
 // Config configures the admin API.
@@ -79,11 +78,10 @@ type Config struct {
 var DefaultActivationFailures = authguard.Config{Burst: 5, Every: time.Minute}
 
 type api struct {
-	cfg         Config
-	store       tenancy.Store
-	adminHashes [][sha256.Size]byte
-	authFails   *authguard.Guard[string]
-	codeFails   *authguard.Guard[string]
+	cfg       Config
+	store     tenancy.Store
+	auth      *httpapi.Authenticator
+	codeFails *authguard.Guard[string]
 }
 
 // New returns the admin API handler. Serve it for every path under /api/
@@ -101,25 +99,20 @@ func New(cfg Config) (http.Handler, error) {
 	}
 	a := &api{cfg: cfg, store: cfg.Manager.Store()}
 	// Failures are logged, folded per key and minute; they write no audit.
-	a.authFails = authguard.New(cfg.AuthFailures, func(remote string, n int) {
-		cfg.Log.Warn("admin API: authentication failed", "remote", remote, "count", n)
-	})
 	a.codeFails = authguard.New(cfg.ActivationFailures, func(key string, n int) {
 		cfg.Log.Warn("admin API: wrong activation codes", "key", key, "count", n)
 	})
-	for _, t := range cfg.AdminTokens {
-		if len(t) < 16 {
-			return nil, errors.New("adminapi: a global admin token must be at least 16 characters")
-		}
-		a.adminHashes = append(a.adminHashes, sha256.Sum256([]byte(t)))
+	auth, err := httpapi.NewAuthenticator(httpapi.AuthConfig{
+		Name: "admin API", AdminTokens: cfg.AdminTokens, Operators: cfg.Operators,
+		Failures: cfg.AuthFailures, TrustedProxies: cfg.TrustedProxies, Log: cfg.Log,
+	})
+	if err != nil {
+		return nil, err
 	}
+	a.auth = auth
 	r := chi.NewRouter()
-	r.NotFound(func(w http.ResponseWriter, _ *http.Request) {
-		writeError(w, &apiError{http.StatusNotFound, codeNotFound, "no such endpoint"})
-	})
-	r.MethodNotAllowed(func(w http.ResponseWriter, _ *http.Request) {
-		writeError(w, &apiError{http.StatusMethodNotAllowed, codeMethodNotAllowed, "method not allowed"})
-	})
+	r.NotFound(httpapi.NotFound)
+	r.MethodNotAllowed(httpapi.MethodNotAllowed)
 	r.Get("/api/whoami", a.whoami) // any role: not behind authenticate
 	r.Route("/api", func(r chi.Router) {
 		r.Use(a.authenticate)
@@ -160,60 +153,8 @@ func New(cfg Config) (http.Handler, error) {
 	return r, nil
 }
 
-// tooManyFailures answers a throttled request: 429 with Retry-After.
-func tooManyFailures(w http.ResponseWriter, wait time.Duration) {
-	w.Header().Set("Retry-After", strconv.Itoa(authguard.RetryAfterSeconds(wait)))
-	writeError(w, &apiError{http.StatusTooManyRequests, codeRateLimited, "too many failed attempts from this address; retry later"})
-}
-
-// Error codes of the error envelope.
-const (
-	codeRateLimited      = "rate_limited"
-	codeInvalid          = "invalid_argument"
-	codeUnauthenticated  = "unauthenticated"
-	codePermission       = "permission_denied"
-	codeNotFound         = "not_found"
-	codeConflict         = "already_exists"
-	codeMethodNotAllowed = "method_not_allowed"
-	codeTooLarge         = "payload_too_large"
-	codeMediaType        = "unsupported_media_type"
-	codeUnavailable      = "unavailable"
-	codeInternal         = "internal"
-)
-
-// apiError is an error with the answer it produces.
-type apiError struct {
-	status  int
-	code    string
-	message string
-}
-
-func (e *apiError) Error() string { return e.code + ": " + e.message }
-
-func invalid(format string, args ...any) *apiError {
-	return &apiError{http.StatusBadRequest, codeInvalid, fmt.Sprintf(format, args...)}
-}
-
-type errorBody struct {
-	Error struct {
-		Code    string `json:"code"`
-		Message string `json:"message"`
-	} `json:"error"`
-}
-
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Cache-Control", "no-store") // answers may carry secrets
-	w.WriteHeader(status)
-	if v != nil {
-		_ = json.NewEncoder(w).Encode(v)
-	}
-}
-
-func writeError(w http.ResponseWriter, e *apiError) {
-	var b errorBody
-	b.Error.Code, b.Error.Message = e.code, e.message
-	writeJSON(w, e.status, b)
+func invalid(format string, args ...any) *httpapi.Error {
+	return httpapi.Fail(httpapi.CodeInvalid, fmt.Sprintf(format, args...))
 }
 
 // handlerFunc returns the status and body of a success, or an error.
@@ -226,88 +167,44 @@ func (a *api) handle(h handlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		status, body, err := h(r)
 		if err == nil {
-			writeJSON(w, status, body)
+			httpapi.WriteJSON(w, status, body)
 			return
 		}
-		var ae *apiError
+		var ae *httpapi.Error
 		switch {
 		case errors.As(err, &ae):
 		case errors.Is(err, tenancy.ErrInvalid):
 			ae = invalid("%s", strings.TrimPrefix(err.Error(), tenancy.ErrInvalid.Error()+": "))
 		case errors.Is(err, tenancy.ErrNotFound):
-			ae = &apiError{http.StatusNotFound, codeNotFound, err.Error()}
+			ae = httpapi.Fail(httpapi.CodeNotFound, err.Error())
 		case errors.Is(err, tenancy.ErrConflict):
-			ae = &apiError{http.StatusConflict, codeConflict, err.Error()}
+			ae = httpapi.Fail(httpapi.CodeConflict, err.Error())
 		default:
 			a.cfg.Log.Error("admin API request failed", "method", r.Method, "path", r.URL.Path, "err", err)
-			ae = &apiError{http.StatusInternalServerError, codeInternal, "internal error"}
+			ae = httpapi.Fail(httpapi.CodeInternal, "internal error")
 		}
-		writeError(w, ae)
+		httpapi.WriteError(w, ae)
 	}
-}
-
-// caller is who made the request.
-type caller struct {
-	global    bool
-	principal access.Principal
 }
 
 type callerKey struct{}
 
-func callerOf(r *http.Request) caller { return r.Context().Value(callerKey{}).(caller) }
+func callerOf(r *http.Request) httpapi.Caller { return r.Context().Value(callerKey{}).(httpapi.Caller) }
 
 // authenticate resolves the bearer token to a global admin or a tenant
 // admin; other callers are refused.
 func (a *api) authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		c, ok := a.identify(w, r)
+		c, ok := a.auth.Authenticate(w, r)
 		if !ok {
 			return
 		}
-		if !c.global && c.principal.Role != access.RoleAdmin {
-			writeError(w, &apiError{http.StatusForbidden, codePermission, "the admin role is required"})
+		if !c.Global && c.Principal.Role != access.RoleAdmin {
+			httpapi.WriteError(w, httpapi.Fail(httpapi.CodePermission, "the admin role is required"))
 			return
 		}
 		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), callerKey{}, c)))
 	})
-}
-
-// identify resolves the bearer token to a global admin or a tenant's
-// principal of any role, throttling failures per source; it answers the
-// refusals itself and reports whether there is a caller.
-func (a *api) identify(w http.ResponseWriter, r *http.Request) (caller, bool) {
-	source := authguard.Source(authguard.ClientAddr(r, a.cfg.TrustedProxies))
-	if wait := a.authFails.RetryAfter(source); wait > 0 {
-		a.authFails.Throttled(source, source)
-		tooManyFailures(w, wait)
-		return caller{}, false
-	}
-	token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	if !ok || token == "" {
-		a.authFails.Failed(source, source)
-		w.Header().Set("WWW-Authenticate", `Bearer realm="xiaoclaw"`)
-		writeError(w, &apiError{http.StatusUnauthorized, codeUnauthenticated, "a bearer token is required"})
-		return caller{}, false
-	}
-	sum := sha256.Sum256([]byte(token))
-	for _, h := range a.adminHashes {
-		if subtle.ConstantTimeCompare(sum[:], h[:]) == 1 {
-			return caller{global: true}, true
-		}
-	}
-	p, err := a.cfg.Operators.AuthenticateOperator(r.Context(), token)
-	switch {
-	case errors.Is(err, access.ErrUnauthenticated):
-		a.authFails.Failed(source, source)
-		w.Header().Set("WWW-Authenticate", `Bearer realm="xiaoclaw", error="invalid_token"`)
-		writeError(w, &apiError{http.StatusUnauthorized, codeUnauthenticated, "invalid, expired or revoked token"})
-		return caller{}, false
-	case err != nil:
-		a.cfg.Log.Error("admin API authentication failed", "err", err)
-		writeError(w, &apiError{http.StatusServiceUnavailable, codeUnavailable, "credentials cannot be checked right now"})
-		return caller{}, false
-	}
-	return caller{principal: p}, true
 }
 
 // tenantScope answers "not found" for a tenant that does not exist or that
@@ -316,18 +213,18 @@ func (a *api) tenantScope(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		c := callerOf(r)
 		t := chi.URLParam(r, "tenant")
-		notFound := &apiError{http.StatusNotFound, codeNotFound, fmt.Sprintf("tenant %q: not found", t)}
-		if !c.global && c.principal.Tenant != t {
-			writeError(w, notFound)
+		notFound := httpapi.Fail(httpapi.CodeNotFound, fmt.Sprintf("tenant %q: not found", t))
+		if !c.Global && c.Principal.Tenant != t {
+			httpapi.WriteError(w, notFound)
 			return
 		}
 		if _, err := a.store.Tenant(r.Context(), t); err != nil {
 			if !errors.Is(err, tenancy.ErrNotFound) {
 				a.cfg.Log.Error("admin API tenant lookup failed", "tenant", t, "err", err)
-				writeError(w, &apiError{http.StatusServiceUnavailable, codeUnavailable, "the store cannot be reached"})
+				httpapi.WriteError(w, httpapi.Fail(httpapi.CodeUnavailable, "the store cannot be reached"))
 				return
 			}
-			writeError(w, notFound)
+			httpapi.WriteError(w, notFound)
 			return
 		}
 		next.ServeHTTP(w, r)
@@ -336,8 +233,8 @@ func (a *api) tenantScope(next http.Handler) http.Handler {
 
 func (a *api) globalOnly(h handlerFunc) handlerFunc {
 	return func(r *http.Request) (int, any, error) {
-		if !callerOf(r).global {
-			return 0, nil, &apiError{http.StatusForbidden, codePermission, "a global admin token is required"}
+		if !callerOf(r).Global {
+			return 0, nil, httpapi.Fail(httpapi.CodePermission, "a global admin token is required")
 		}
 		return h(r)
 	}
@@ -347,14 +244,14 @@ func (a *api) globalOnly(h handlerFunc) handlerFunc {
 // fields, nothing after the value.
 func (a *api) decode(r *http.Request, v any) error {
 	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/json" {
-		return &apiError{http.StatusUnsupportedMediaType, codeMediaType, "the body must be application/json"}
+		return httpapi.Fail(httpapi.CodeMediaType, "the body must be application/json")
 	}
 	dec := json.NewDecoder(http.MaxBytesReader(nil, r.Body, a.cfg.MaxBodyBytes))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
 		var tooLarge *http.MaxBytesError
 		if errors.As(err, &tooLarge) {
-			return &apiError{http.StatusRequestEntityTooLarge, codeTooLarge, fmt.Sprintf("the body exceeds %d bytes", a.cfg.MaxBodyBytes)}
+			return httpapi.Fail(httpapi.CodeTooLarge, fmt.Sprintf("the body exceeds %d bytes", a.cfg.MaxBodyBytes))
 		}
 		return invalid("bad JSON body: %v", err)
 	}

@@ -6,6 +6,8 @@ import (
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/deviceauth"
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
+
+	"github.com/xiaoclaw/xiaoclaw/services/gateway/internal/httpapi"
 )
 
 // DeviceTokenMinter mints a tenant's device tokens (*tenancy.DeviceAuth).
@@ -34,7 +36,7 @@ type EndpointTokenResponse struct {
 // (after its overlap) revokes them.
 func (a *api) createEndpointToken(r *http.Request) (int, any, error) {
 	if a.cfg.DeviceTokens == nil {
-		return 0, nil, &apiError{http.StatusNotFound, codeNotFound, "MCP endpoint tokens are not available on this server"}
+		return 0, nil, httpapi.Fail(httpapi.CodeNotFound, "MCP endpoint tokens are not available on this server")
 	}
 	var req EndpointTokenRequest
 	if err := a.decode(r, &req); err != nil {

@@ -18,6 +18,8 @@ import (
 	"github.com/xiaoclaw/xiaoclaw/pkg/policy"
 	"github.com/xiaoclaw/xiaoclaw/pkg/tenancy"
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
+
+	"github.com/xiaoclaw/xiaoclaw/services/gateway/internal/httpapi"
 )
 
 // Request and response bodies (api/admin-openapi.yaml names them).
@@ -142,8 +144,8 @@ func tenantParam(r *http.Request) string { return chi.URLParam(r, "tenant") }
 
 func (a *api) listTenants(r *http.Request) (int, any, error) {
 	c := callerOf(r)
-	if !c.global {
-		t, err := a.store.Tenant(r.Context(), c.principal.Tenant)
+	if !c.Global {
+		t, err := a.store.Tenant(r.Context(), c.Principal.Tenant)
 		if err != nil {
 			return 0, nil, err
 		}
@@ -237,7 +239,7 @@ func (a *api) revokeToken(r *http.Request) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
-	if c := callerOf(r); !c.global && c.principal.Tenant != t.Tenant {
+	if c := callerOf(r); !c.Global && c.Principal.Tenant != t.Tenant {
 		return 0, nil, notFound
 	}
 	t, err = a.cfg.Manager.RevokeToken(r.Context(), t.Tenant, id)
@@ -433,7 +435,7 @@ type ActivateResponse struct {
 
 func (a *api) activate(r *http.Request) (int, any, error) {
 	if a.cfg.Activator == nil {
-		return 0, nil, &apiError{http.StatusNotFound, codeNotFound, "device activation is not available on this server"}
+		return 0, nil, httpapi.Fail(httpapi.CodeNotFound, "device activation is not available on this server")
 	}
 	var req ActivateRequest
 	if err := a.decode(r, &req); err != nil {
@@ -448,8 +450,7 @@ func (a *api) activate(r *http.Request) (int, any, error) {
 	for _, k := range keys {
 		if wait := a.codeFails.RetryAfter(k); wait > 0 {
 			a.codeFails.Throttled(k, k)
-			return 0, nil, &apiError{http.StatusTooManyRequests, codeRateLimited,
-				fmt.Sprintf("too many wrong activation codes; retry in %d s", authguard.RetryAfterSeconds(wait))}
+			return 0, nil, httpapi.Fail(httpapi.CodeRateLimited, fmt.Sprintf("too many wrong activation codes; retry in %d s", authguard.RetryAfterSeconds(wait)))
 		}
 	}
 	dev, err := a.cfg.Activator.Activate(r.Context(), req.Code, tenantParam(r))

@@ -13,6 +13,8 @@ import (
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/tenancy"
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
+
+	"github.com/xiaoclaw/xiaoclaw/services/gateway/internal/httpapi"
 )
 
 // NodeApprover approves tools that nodes gained after their first catalog
@@ -41,7 +43,7 @@ type ApproveToolsResponse struct {
 
 func (a *api) approveTools(r *http.Request) (int, any, error) {
 	if a.cfg.Nodes == nil {
-		return 0, nil, &apiError{http.StatusNotFound, codeNotFound, "node approvals are not available on this server"}
+		return 0, nil, httpapi.Fail(httpapi.CodeNotFound, "node approvals are not available on this server")
 	}
 	var req ApproveToolsRequest
 	if err := a.decode(r, &req); err != nil {

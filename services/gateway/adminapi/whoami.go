@@ -4,6 +4,8 @@ import (
 	"net/http"
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/access"
+
+	"github.com/xiaoclaw/xiaoclaw/services/gateway/internal/httpapi"
 )
 
 // WhoAmI is the answer of GET /api/whoami: whom a bearer token stands for,
@@ -22,13 +24,13 @@ type WhoAmI struct {
 // whoami answers for any valid token, whatever its role: unlike the other
 // endpoints it does not require the admin role.
 func (a *api) whoami(w http.ResponseWriter, r *http.Request) {
-	c, ok := a.identify(w, r)
+	c, ok := a.auth.Authenticate(w, r)
 	switch {
 	case !ok:
-	case c.global:
-		writeJSON(w, http.StatusOK, WhoAmI{Global: true, Role: access.RoleAdmin})
+	case c.Global:
+		httpapi.WriteJSON(w, http.StatusOK, WhoAmI{Global: true, Role: access.RoleAdmin})
 	default:
-		p := c.principal
-		writeJSON(w, http.StatusOK, WhoAmI{Tenant: p.Tenant, Principal: p.ID, Name: p.Name, Role: p.Role})
+		p := c.Principal
+		httpapi.WriteJSON(w, http.StatusOK, WhoAmI{Tenant: p.Tenant, Principal: p.ID, Name: p.Name, Role: p.Role})
 	}
 }

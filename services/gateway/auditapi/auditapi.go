@@ -18,9 +18,6 @@ package auditapi
 
 import (
 	"context"
-	"crypto/sha256"
-	"crypto/subtle"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -40,6 +37,7 @@ import (
 	"github.com/xiaoclaw/xiaoclaw/pkg/audit"
 	"github.com/xiaoclaw/xiaoclaw/pkg/authguard"
 	"github.com/xiaoclaw/xiaoclaw/services/gateway"
+	"github.com/xiaoclaw/xiaoclaw/services/gateway/internal/httpapi"
 )
 
 // InvokeAuditor returns the gateway Auditor that publishes every
@@ -185,9 +183,8 @@ type Config struct {
 }
 
 type api struct {
-	cfg         Config
-	adminHashes [][sha256.Size]byte
-	authFails   *authguard.Guard[string]
+	cfg  Config
+	auth *httpapi.Authenticator
 }
 
 // New returns the handler. Serve it for every path under /api/audit/
@@ -197,88 +194,37 @@ func New(cfg Config) (http.Handler, error) {
 		return nil, errors.New("auditapi: store, operator authenticator and logger are required")
 	}
 	a := &api{cfg: cfg}
-	// Failures are logged, folded per source and minute.
-	a.authFails = authguard.New(cfg.AuthFailures, func(remote string, n int) {
-		cfg.Log.Warn("audit API: authentication failed", "remote", remote, "count", n)
+	auth, err := httpapi.NewAuthenticator(httpapi.AuthConfig{
+		Name: "audit API", AdminTokens: cfg.AdminTokens, Operators: cfg.Operators,
+		Failures: cfg.AuthFailures, TrustedProxies: cfg.TrustedProxies, Log: cfg.Log,
 	})
-	for _, t := range cfg.AdminTokens {
-		if len(t) < 16 {
-			return nil, errors.New("auditapi: a global admin token must be at least 16 characters")
-		}
-		a.adminHashes = append(a.adminHashes, sha256.Sum256([]byte(t)))
+	if err != nil {
+		return nil, err
 	}
+	a.auth = auth
 	r := chi.NewRouter()
-	r.NotFound(func(w http.ResponseWriter, _ *http.Request) {
-		writeError(w, http.StatusNotFound, "not_found", "no such endpoint")
-	})
-	r.MethodNotAllowed(func(w http.ResponseWriter, _ *http.Request) {
-		writeError(w, http.StatusMethodNotAllowed, "method_not_allowed", "method not allowed")
-	})
+	r.NotFound(httpapi.NotFound)
+	r.MethodNotAllowed(httpapi.MethodNotAllowed)
 	r.Get("/api/audit/events", a.events)
 	return r, nil
-}
-
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Cache-Control", "no-store")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(v)
-}
-
-func writeError(w http.ResponseWriter, status int, code, msg string) {
-	var b struct {
-		Error struct {
-			Code    string `json:"code"`
-			Message string `json:"message"`
-		} `json:"error"`
-	}
-	b.Error.Code, b.Error.Message = code, msg
-	writeJSON(w, status, b)
 }
 
 // caller returns the tenant the caller may read ("" for a global admin),
 // or false after answering the request.
 func (a *api) caller(w http.ResponseWriter, r *http.Request) (tenant string, global, ok bool) {
-	source := authguard.Source(authguard.ClientAddr(r, a.cfg.TrustedProxies))
-	if wait := a.authFails.RetryAfter(source); wait > 0 {
-		a.authFails.Throttled(source, source)
-		w.Header().Set("Retry-After", strconv.Itoa(authguard.RetryAfterSeconds(wait)))
-		writeError(w, http.StatusTooManyRequests, "rate_limited", "too many failed attempts from this address; retry later")
+	c, ok := a.auth.Authenticate(w, r)
+	switch {
+	case !ok:
 		return "", false, false
-	}
-	token, found := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	if !found || token == "" {
-		a.authFails.Failed(source, source)
-		w.Header().Set("WWW-Authenticate", `Bearer realm="xiaoclaw"`)
-		writeError(w, http.StatusUnauthorized, "unauthenticated", "a bearer token is required")
-		return "", false, false
-	}
-	sum := sha256.Sum256([]byte(token))
-	for _, h := range a.adminHashes {
-		if subtle.ConstantTimeCompare(sum[:], h[:]) == 1 {
-			global = true
-		}
-	}
-	if global {
+	case c.Global:
 		return "", true, true
 	}
-	p, err := a.cfg.Operators.AuthenticateOperator(r.Context(), token)
-	switch {
-	case errors.Is(err, access.ErrUnauthenticated):
-		a.authFails.Failed(source, source)
-		w.Header().Set("WWW-Authenticate", `Bearer realm="xiaoclaw", error="invalid_token"`)
-		writeError(w, http.StatusUnauthorized, "unauthenticated", "invalid, expired or revoked token")
-		return "", false, false
-	case err != nil:
-		a.cfg.Log.Error("audit API authentication failed", "err", err)
-		writeError(w, http.StatusServiceUnavailable, "unavailable", "credentials cannot be checked right now")
-		return "", false, false
-	}
+	p := c.Principal
 	switch p.Role {
 	case access.RoleAdmin, access.RoleOperator, access.RoleViewer:
 		return p.Tenant, false, true
 	}
-	writeError(w, http.StatusForbidden, "permission_denied", "this token may not read the audit trail")
+	httpapi.WriteError(w, httpapi.Fail(httpapi.CodePermission, "this token may not read the audit trail"))
 	return "", false, false
 }
 
@@ -289,7 +235,7 @@ func (a *api) events(w http.ResponseWriter, r *http.Request) {
 	}
 	v, msg := parseQuery(r.URL.RawQuery)
 	if msg != "" {
-		writeError(w, http.StatusBadRequest, "invalid_argument", msg)
+		httpapi.WriteError(w, httpapi.Fail(httpapi.CodeInvalid, msg))
 		return
 	}
 	q := audit.Query{
@@ -298,12 +244,12 @@ func (a *api) events(w http.ResponseWriter, r *http.Request) {
 	}
 	switch {
 	case global && q.Tenant == "":
-		writeError(w, http.StatusBadRequest, "invalid_argument", "tenant is required")
+		httpapi.WriteError(w, httpapi.Fail(httpapi.CodeInvalid, "tenant is required"))
 		return
 	case !global && q.Tenant == "":
 		q.Tenant = own
 	case !global && q.Tenant != own:
-		writeError(w, http.StatusNotFound, "not_found", "no such tenant")
+		httpapi.WriteError(w, httpapi.Fail(httpapi.CodeNotFound, "no such tenant"))
 		return
 	}
 	for _, f := range []struct {
@@ -313,7 +259,7 @@ func (a *api) events(w http.ResponseWriter, r *http.Request) {
 		if s := v.Get(f.name); s != "" {
 			t, err := time.Parse(time.RFC3339Nano, s)
 			if err != nil {
-				writeError(w, http.StatusBadRequest, "invalid_argument", f.name+" must be an RFC 3339 time such as 2026-01-02T15:04:05Z")
+				httpapi.WriteError(w, httpapi.Fail(httpapi.CodeInvalid, f.name+" must be an RFC 3339 time such as 2026-01-02T15:04:05Z"))
 				return
 			}
 			*f.t = t
@@ -322,7 +268,7 @@ func (a *api) events(w http.ResponseWriter, r *http.Request) {
 	if s := v.Get("limit"); s != "" {
 		n, err := strconv.Atoi(s)
 		if err != nil || n < 1 || n > audit.MaxLimit {
-			writeError(w, http.StatusBadRequest, "invalid_argument", "limit must be 1-"+strconv.Itoa(audit.MaxLimit))
+			httpapi.WriteError(w, httpapi.Fail(httpapi.CodeInvalid, "limit must be 1-"+strconv.Itoa(audit.MaxLimit)))
 			return
 		}
 		q.Limit = n
@@ -330,14 +276,14 @@ func (a *api) events(w http.ResponseWriter, r *http.Request) {
 	page, err := a.cfg.Store.Query(r.Context(), q)
 	switch {
 	case errors.Is(err, audit.ErrInvalidQuery):
-		writeError(w, http.StatusBadRequest, "invalid_argument", strings.TrimPrefix(err.Error(), "audit: invalid query: "))
+		httpapi.WriteError(w, httpapi.Fail(httpapi.CodeInvalid, strings.TrimPrefix(err.Error(), "audit: invalid query: ")))
 		return
 	case err != nil:
 		a.cfg.Log.Error("audit query failed", "tenant", q.Tenant, "err", err)
-		writeError(w, http.StatusServiceUnavailable, "unavailable", "the audit store cannot be read right now")
+		httpapi.WriteError(w, httpapi.Fail(httpapi.CodeUnavailable, "the audit store cannot be read right now"))
 		return
 	}
-	writeJSON(w, http.StatusOK, page)
+	httpapi.WriteJSON(w, http.StatusOK, page)
 }
 
 // queryParams are the parameters of GET /api/audit/events.

@@ -15,7 +15,7 @@ import (
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/access"
 	"github.com/xiaoclaw/xiaoclaw/pkg/audit"
-	"github.com/xiaoclaw/xiaoclaw/pkg/natsembed"
+	"github.com/xiaoclaw/xiaoclaw/pkg/natsembed/natsembedtest"
 	"github.com/xiaoclaw/xiaoclaw/services/gateway"
 	"github.com/xiaoclaw/xiaoclaw/services/gateway/auditapi"
 )
@@ -41,16 +41,8 @@ func log() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) 
 // it, lands in the store with its rule, decision and masked arguments.
 func TestInvokeAuditorToStore(t *testing.T) {
 	ctx := context.Background()
-	srv, err := natsembed.Start(natsembed.Config{StoreDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Shutdown)
-	nc, err := srv.Connect("test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
+	srv := natsembedtest.Start(t)
+	nc := natsembedtest.Connect(t, srv, "test")
 	s := store(t)
 	pub, err := audit.NewPublisher(ctx, nc, audit.PublisherConfig{}, log())
 	if err != nil {

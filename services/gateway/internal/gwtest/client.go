@@ -1,7 +1,8 @@
 // Package gwtest is the gateway's test harness: an OpenClaw protocol client
-// over a real WebSocket that plays an operator (the stock CLI's frames) or a
-// node host (signed device identity, answering node.invoke.request), and
-// helpers to build connect params the way the stock clients do.
+// (pkg/occlient's connection, driven frame by frame) that plays an operator
+// (the stock CLI's frames) or a node host (signed device identity,
+// answering node.invoke.request), and helpers to build connect params the
+// way the stock clients do.
 package gwtest
 
 import (
@@ -13,70 +14,32 @@ import (
 	"net"
 	"net/http"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/coder/websocket"
 
+	"github.com/xiaoclaw/xiaoclaw/pkg/occlient"
 	"github.com/xiaoclaw/xiaoclaw/services/gateway/internal/protocol"
 )
 
 // Frame is any frame the gateway sends, decoded.
-type Frame struct {
-	Type    string          `json:"type"`
-	ID      string          `json:"id,omitempty"`
-	OK      bool            `json:"ok,omitempty"`
-	Payload json.RawMessage `json:"payload,omitempty"`
-	Error   *ErrorShape     `json:"error,omitempty"`
-	Event   string          `json:"event,omitempty"`
-	Seq     *int64          `json:"seq,omitempty"`
-	Raw     []byte          `json:"-"`
-}
+type Frame = occlient.Frame
 
 // ErrorShape is an error as the gateway sends it.
-type ErrorShape struct {
-	Code      string          `json:"code"`
-	Message   string          `json:"message"`
-	Details   json.RawMessage `json:"details,omitempty"`
-	Retryable bool            `json:"retryable,omitempty"`
-	// RetryAfterMs is how long to wait before trying again (AUTH_RATE_LIMITED).
-	RetryAfterMs int64 `json:"retryAfterMs,omitempty"`
-}
-
-// DetailCode returns details.code.
-func (e *ErrorShape) DetailCode() string {
-	var d struct {
-		Code string `json:"code"`
-	}
-	_ = json.Unmarshal(e.Details, &d)
-	return d.Code
-}
-
-func (e *ErrorShape) Error() string { return e.Code + ": " + e.Message }
+type ErrorShape = occlient.Error
 
 // Challenge is the connect.challenge payload.
-type Challenge struct {
-	Nonce string `json:"nonce"`
-	Ts    int64  `json:"ts"`
-}
+type Challenge = occlient.Challenge
 
 // Client is one WebSocket connection to a gateway.
 type Client struct {
-	ws        *websocket.Conn
+	*occlient.Client
 	Challenge Challenge
 	// Events receives every event frame after the challenge.
 	Events chan Frame
-	// OnEvent, when set before Connect, sees events before they are queued
-	// (a node host answers node.invoke.request there).
-	OnEvent func(Frame)
 
-	start   sync.Once
-	mu      sync.Mutex
-	pending map[string]chan Frame
-	nextID  atomic.Int64
-	done    chan struct{}
-	readErr error
+	nextID atomic.Int64
 }
 
 // Dial opens a socket and waits for the connect.challenge.
@@ -94,91 +57,43 @@ func DialFrom(ctx context.Context, url, localIP string) (*Client, error) {
 // DialWith is DialFrom sending header with the upgrade request (e.g.
 // X-Forwarded-For, as a reverse proxy does).
 func DialWith(ctx context.Context, url, localIP string, header http.Header) (*Client, error) {
-	opts := &websocket.DialOptions{CompressionMode: websocket.CompressionDisabled, HTTPHeader: header}
+	return dial(ctx, url, localIP, header, nil)
+}
+
+// dial opens the socket; onEvent sees events before they are queued (a
+// node host answers node.invoke.request there).
+func dial(ctx context.Context, url, localIP string, header http.Header, onEvent func(Frame)) (*Client, error) {
+	c := &Client{Events: make(chan Frame, 4096)}
+	opts := occlient.Options{URL: url, HTTPHeader: header, OnFrame: func(f Frame) {
+		if onEvent != nil {
+			onEvent(f)
+		}
+		select {
+		case c.Events <- f:
+		default:
+		}
+	}}
 	if localIP != "" {
 		d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(localIP)}}
 		opts.HTTPClient = &http.Client{Transport: &http.Transport{DialContext: d.DialContext}}
 	}
-	ws, _, err := websocket.Dial(ctx, url, opts)
+	oc, err := occlient.Open(ctx, opts)
 	if err != nil {
 		return nil, err
 	}
-	ws.SetReadLimit(64 << 20)
-	c := &Client{ws: ws, Events: make(chan Frame, 4096), pending: map[string]chan Frame{}, done: make(chan struct{})}
-	_, data, err := ws.Read(ctx)
-	if err != nil {
-		ws.CloseNow()
-		return nil, fmt.Errorf("waiting for connect.challenge: %w", err)
-	}
-	var f Frame
-	if err := json.Unmarshal(data, &f); err != nil || f.Event != protocol.EventConnectChallenge {
-		ws.CloseNow()
-		return nil, fmt.Errorf("first frame is not connect.challenge: %s", data)
-	}
-	if err := json.Unmarshal(f.Payload, &c.Challenge); err != nil {
-		ws.CloseNow()
-		return nil, err
-	}
+	c.Client, c.Challenge = oc, oc.Challenge()
 	return c, nil
-}
-
-// run starts the read loop; OnEvent must be set before.
-func (c *Client) run() { c.start.Do(func() { go c.readLoop() }) }
-
-func (c *Client) readLoop() {
-	defer close(c.done)
-	for {
-		_, data, err := c.ws.Read(context.Background())
-		if err != nil {
-			c.mu.Lock()
-			c.readErr = err
-			c.mu.Unlock()
-			return
-		}
-		var f Frame
-		if err := json.Unmarshal(data, &f); err != nil {
-			continue
-		}
-		f.Raw = data
-		switch f.Type {
-		case "res":
-			c.mu.Lock()
-			ch := c.pending[f.ID]
-			delete(c.pending, f.ID)
-			c.mu.Unlock()
-			if ch != nil {
-				ch <- f
-			}
-		case "event":
-			if c.OnEvent != nil {
-				c.OnEvent(f)
-			}
-			select {
-			case c.Events <- f:
-			default:
-			}
-		}
-	}
-}
-
-// Done is closed when the socket has ended.
-func (c *Client) Done() <-chan struct{} {
-	c.run()
-	return c.done
 }
 
 // CloseStatus waits up to d for the socket to end and returns the close
 // code and reason the gateway sent (-1 if none).
 func (c *Client) CloseStatus(d time.Duration) (websocket.StatusCode, string, error) {
-	c.run()
 	select {
-	case <-c.done:
+	case <-c.Done():
 	case <-time.After(d):
 		return -1, "", errors.New("socket still open")
 	}
-	c.mu.Lock()
-	err := c.readErr
-	c.mu.Unlock()
+	err := c.Err()
 	var ce websocket.CloseError
 	if errors.As(err, &ce) {
 		return ce.Code, ce.Reason, nil
@@ -187,16 +102,10 @@ func (c *Client) CloseStatus(d time.Duration) (websocket.StatusCode, string, err
 }
 
 // Close closes the socket.
-func (c *Client) Close() { c.ws.Close(websocket.StatusNormalClosure, "") }
+func (c *Client) Close() { c.Client.CloseWith(websocket.StatusNormalClosure, "") }
 
 // CloseNow drops the socket without a close handshake.
-func (c *Client) CloseNow() { c.ws.CloseNow() }
-
-// SendRaw writes one text frame as is.
-func (c *Client) SendRaw(ctx context.Context, data []byte) error {
-	c.run()
-	return c.ws.Write(ctx, websocket.MessageText, data)
-}
+func (c *Client) CloseNow() { c.Client.CloseNow() }
 
 // Call sends a request and waits for its response.
 func (c *Client) Call(ctx context.Context, method string, params any) (Frame, error) {
@@ -206,36 +115,11 @@ func (c *Client) Call(ctx context.Context, method string, params any) (Frame, er
 
 // CallID is Call with a given request id.
 func (c *Client) CallID(ctx context.Context, id, method string, params any) (Frame, error) {
-	req := struct {
-		Type   string `json:"type"`
-		ID     string `json:"id"`
-		Method string `json:"method"`
-		Params any    `json:"params,omitempty"`
-	}{"req", id, method, params}
-	data, err := json.Marshal(req)
-	if err != nil {
-		return Frame{}, err
+	f, err := c.Request(ctx, id, method, params)
+	if err != nil && ctx.Err() == nil {
+		return Frame{}, fmt.Errorf("socket closed before the response to %s: %w", method, err)
 	}
-	ch := make(chan Frame, 1)
-	c.mu.Lock()
-	c.pending[id] = ch
-	c.mu.Unlock()
-	if err := c.SendRaw(ctx, data); err != nil {
-		return Frame{}, err
-	}
-	select {
-	case f := <-ch:
-		return f, nil
-	case <-c.done:
-		select {
-		case f := <-ch: // the response came just before the close
-			return f, nil
-		default:
-		}
-		return Frame{}, fmt.Errorf("socket closed before the response to %s", method)
-	case <-ctx.Done():
-		return Frame{}, ctx.Err()
-	}
+	return f, err
 }
 
 // Connect sends connect with params and waits for the response; an error
@@ -246,7 +130,7 @@ func (c *Client) Connect(ctx context.Context, params any) (Frame, error) {
 
 // WaitEvent returns the next event with the given name.
 func (c *Client) WaitEvent(ctx context.Context, name string) (Frame, error) {
-	c.run()
+	c.Done() // starts the read loop
 	for {
 		select {
 		case f := <-c.Events:
@@ -257,6 +141,16 @@ func (c *Client) WaitEvent(ctx context.Context, name string) (Frame, error) {
 			return Frame{}, fmt.Errorf("waiting for event %s: %w", name, ctx.Err())
 		}
 	}
+}
+
+// SignDevice fills p.Device with a v3 proof made with priv over nonce, as
+// the stock clients do.
+func SignDevice(p *protocol.ConnectParams, priv ed25519.PrivateKey, nonce string, signedAtMs int64) {
+	d := occlient.SignDevice(priv, occlient.DeviceClaims{
+		ClientID: protocol.Str(p.Client.ID), Mode: protocol.Str(p.Client.Mode), Role: p.RoleOrDefault(), Scopes: p.ScopesOrEmpty(),
+		Token: p.SignatureToken(), Platform: protocol.Str(p.Client.Platform), DeviceFamily: protocol.Str(p.Client.DeviceFamily),
+	}, nonce, signedAtMs)
+	p.Device = &protocol.DeviceProof{ID: &d.ID, PublicKey: &d.PublicKey, Signature: &d.Signature, SignedAt: &d.SignedAt, Nonce: &d.Nonce}
 }
 
 func ptr[T any](v T) *T { return &v }
@@ -278,7 +172,7 @@ func OperatorParams(token string, scopes ...string) *protocol.ConnectParams {
 }
 
 // NodeParams are connect params as the stock node host sends them; sign
-// them with protocol.SignDevice and the challenge nonce.
+// them with SignDevice and the challenge nonce.
 func NodeParams(token, displayName string, commands ...string) *protocol.ConnectParams {
 	return &protocol.ConnectParams{
 		MinProtocol: ptr[int64](4), MaxProtocol: ptr[int64](4),
@@ -319,16 +213,12 @@ type NodeHost struct {
 // ConnectNodeHost dials url and connects as a node host with a fresh or
 // given key, answering node.invoke.request with handle.
 func ConnectNodeHost(ctx context.Context, url string, params *protocol.ConnectParams, priv ed25519.PrivateKey, handle InvokeHandler) (*NodeHost, Frame, error) {
-	c, err := Dial(ctx, url)
-	if err != nil {
-		return nil, Frame{}, err
-	}
 	if priv == nil {
 		_, priv, _ = ed25519.GenerateKey(nil)
 	}
-	protocol.SignDevice(params, priv, c.Challenge.Nonce, c.Challenge.Ts)
-	h := &NodeHost{Client: c, NodeID: *params.Device.ID, Requests: make(chan InvokeRequest, 1024)}
-	c.OnEvent = func(f Frame) {
+	h := &NodeHost{NodeID: occlient.DeviceID(priv.Public().(ed25519.PublicKey)), Requests: make(chan InvokeRequest, 1024)}
+	// The read loop delivers requests only after connect, when h.Client is set.
+	c, err := dial(ctx, url, "", nil, func(f Frame) {
 		if f.Event != protocol.EventNodeInvokeRequest {
 			return
 		}
@@ -354,9 +244,14 @@ func ConnectNodeHost(ctx context.Context, url string, params *protocol.ConnectPa
 			} else {
 				res["error"] = map[string]string{"code": code, "message": msg}
 			}
-			_, _ = c.Call(context.Background(), protocol.MethodNodeInvokeResult, res)
+			_, _ = h.Call(context.Background(), protocol.MethodNodeInvokeResult, res)
 		}()
+	})
+	if err != nil {
+		return nil, Frame{}, err
 	}
+	h.Client = c
+	SignDevice(params, priv, c.Challenge.Nonce, c.Challenge.Ts)
 	hello, err := c.Connect(ctx, params)
 	if err != nil {
 		c.CloseNow()

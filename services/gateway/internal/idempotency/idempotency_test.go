@@ -9,22 +9,14 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/xiaoclaw/xiaoclaw/pkg/natsembed"
+	"github.com/xiaoclaw/xiaoclaw/pkg/natsembed/natsembedtest"
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
 )
 
 func openStore(tb testing.TB) *Store {
 	tb.Helper()
-	ns, err := natsembed.Start(natsembed.Config{StoreDir: tb.TempDir()})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(ns.Shutdown)
-	nc, err := ns.Connect("idem")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(nc.Close)
+	ns := natsembedtest.Start(tb)
+	nc := natsembedtest.Connect(tb, ns, "idem")
 	js, _ := jetstream.New(nc)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -151,16 +143,8 @@ func BenchmarkClaimAndComplete(b *testing.B) {
 // A bucket an older release created in memory storage is replaced by a file
 // bucket, and the TTL follows the options.
 func TestOpenReplacesMemoryBucket(t *testing.T) {
-	ns, err := natsembed.Start(natsembed.Config{StoreDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(ns.Shutdown)
-	nc, err := ns.Connect("idem")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
+	ns := natsembedtest.Start(t)
+	nc := natsembedtest.Connect(t, ns, "idem")
 	js, _ := jetstream.New(nc)
 	ctx := ctx10(t)
 	if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: wire.BucketIdempotency, TTL: time.Minute, Storage: jetstream.MemoryStorage}); err != nil {

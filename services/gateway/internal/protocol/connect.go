@@ -1,10 +1,6 @@
 package protocol
 
-import (
-	"encoding/json"
-	"strconv"
-	"strings"
-)
+import "encoding/json"
 
 // Roles a connection can claim.
 const (
@@ -199,47 +195,4 @@ func (p *ConnectParams) SignatureToken() string {
 		}
 	}
 	return ""
-}
-
-// NormalizeMetadata trims and ASCII-lower-cases platform and deviceFamily
-// as OpenClaw does before binding them into a v3 signature.
-func NormalizeMetadata(v string) string {
-	v = strings.TrimFunc(v, isJSSpace)
-	b := []byte(v)
-	for i, c := range b {
-		if c >= 'A' && c <= 'Z' {
-			b[i] = c + ('a' - 'A')
-		}
-	}
-	return string(b)
-}
-
-// isJSSpace is JavaScript's String.prototype.trim set (WhiteSpace and
-// LineTerminator), which differs from unicode.IsSpace at U+0085 and U+FEFF.
-func isJSSpace(r rune) bool {
-	switch r {
-	case '\t', '\n', '\v', '\f', '\r', ' ', 0xa0, 0x1680, 0x2028, 0x2029, 0x202f, 0x205f, 0x3000, 0xfeff:
-		return true
-	}
-	return r >= 0x2000 && r <= 0x200a
-}
-
-// SignaturePayloadV3 is the string a v3 device signature covers.
-func SignaturePayloadV3(deviceID, clientID, clientMode, role string, scopes []string, signedAtMs int64, token, nonce, platform, deviceFamily string) string {
-	return "v3" + signaturePayloadBody(deviceID, clientID, clientMode, role, scopes, signedAtMs, token, nonce) +
-		"|" + NormalizeMetadata(platform) + "|" + NormalizeMetadata(deviceFamily)
-}
-
-// SignaturePayloadV2 is the string a v2 device signature covers.
-func SignaturePayloadV2(deviceID, clientID, clientMode, role string, scopes []string, signedAtMs int64, token, nonce string) string {
-	return "v2" + signaturePayloadBody(deviceID, clientID, clientMode, role, scopes, signedAtMs, token, nonce)
-}
-
-func signaturePayloadBody(deviceID, clientID, clientMode, role string, scopes []string, signedAtMs int64, token, nonce string) string {
-	var b strings.Builder
-	for _, f := range [...]string{deviceID, clientID, clientMode, role, strings.Join(scopes, ","), strconv.FormatInt(signedAtMs, 10), token, nonce} {
-		b.WriteByte('|')
-		b.WriteString(f)
-	}
-	return b.String()
 }

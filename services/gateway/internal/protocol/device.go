@@ -3,12 +3,13 @@ package protocol
 import (
 	"bytes"
 	"crypto/ed25519"
-	"crypto/sha256"
 	"crypto/x509"
 	"encoding/base64"
-	"encoding/hex"
 	"encoding/pem"
 	"strings"
+
+	"github.com/xiaoclaw/xiaoclaw/pkg/jsstr"
+	"github.com/xiaoclaw/xiaoclaw/pkg/occlient"
 )
 
 // DeviceFailure says why a device proof was refused, with OpenClaw's
@@ -85,8 +86,7 @@ func DeviceIDFromPublicKey(publicKey string) (string, bool) {
 	if !ok {
 		return "", false
 	}
-	sum := sha256.Sum256(raw)
-	return hex.EncodeToString(sum[:]), true
+	return occlient.DeviceID(raw), true
 }
 
 // DeviceCheck is what a device proof is verified against.
@@ -111,7 +111,7 @@ func VerifyDevice(c DeviceCheck) (string, *DeviceFailure) {
 	if d.SignedAt == nil || abs64(c.NowMs-*d.SignedAt) > DeviceSignatureSkewMs {
 		return "", &DeviceSignatureStale
 	}
-	nonce := strings.TrimFunc(Str(d.Nonce), isJSSpace)
+	nonce := jsstr.Trim(Str(d.Nonce))
 	if nonce == "" {
 		return "", &DeviceNonceMissing
 	}
@@ -131,12 +131,12 @@ func VerifyDevice(c DeviceCheck) (string, *DeviceFailure) {
 	p := c.Params
 	client := p.Client
 	token := p.SignatureToken()
-	v3 := SignaturePayloadV3(Str(d.ID), Str(client.ID), Str(client.Mode), c.Role, c.Scopes, *d.SignedAt, token, nonce,
+	v3 := occlient.SignaturePayloadV3(Str(d.ID), Str(client.ID), Str(client.Mode), c.Role, c.Scopes, *d.SignedAt, token, nonce,
 		Str(client.Platform), Str(client.DeviceFamily))
 	if ed25519.Verify(raw, []byte(v3), sig) {
 		return "v3", nil
 	}
-	v2 := SignaturePayloadV2(Str(d.ID), Str(client.ID), Str(client.Mode), c.Role, c.Scopes, *d.SignedAt, token, nonce)
+	v2 := occlient.SignaturePayloadV2(Str(d.ID), Str(client.ID), Str(client.Mode), c.Role, c.Scopes, *d.SignedAt, token, nonce)
 	if ed25519.Verify(raw, []byte(v2), sig) {
 		return "v2", nil
 	}
@@ -148,17 +148,4 @@ func abs64(v int64) int64 {
 		return -v
 	}
 	return v
-}
-
-// SignDevice fills params.Device with a v3 proof made with priv; node hosts
-// written in Go (and the tests) use it exactly as the stock client does.
-func SignDevice(p *ConnectParams, priv ed25519.PrivateKey, nonce string, signedAtMs int64) {
-	pub := priv.Public().(ed25519.PublicKey)
-	sum := sha256.Sum256(pub)
-	id := hex.EncodeToString(sum[:])
-	pubB64 := base64.RawURLEncoding.EncodeToString(pub)
-	payload := SignaturePayloadV3(id, Str(p.Client.ID), Str(p.Client.Mode), p.RoleOrDefault(), p.ScopesOrEmpty(),
-		signedAtMs, p.SignatureToken(), nonce, Str(p.Client.Platform), Str(p.Client.DeviceFamily))
-	sig := base64.RawURLEncoding.EncodeToString(ed25519.Sign(priv, []byte(payload)))
-	p.Device = &DeviceProof{ID: &id, PublicKey: &pubB64, Signature: &sig, SignedAt: &signedAtMs, Nonce: &nonce}
 }

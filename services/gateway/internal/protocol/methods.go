@@ -2,7 +2,8 @@ package protocol
 
 import (
 	"encoding/json"
-	"strings"
+
+	"github.com/xiaoclaw/xiaoclaw/pkg/jsstr"
 )
 
 // Method names the gateway serves.
@@ -126,8 +127,8 @@ func ParseNodeInvoke(raw json.RawMessage) (NodeInvoke, *Error) {
 		return fail("at /timeoutMs: must be >= 1 (0 would expire before the node could answer; omit timeoutMs for the gateway's default)")
 	}
 	inv := NodeInvoke{
-		NodeID:         strings.TrimFunc(*p.NodeID, isJSSpace),
-		Command:        strings.TrimFunc(*p.Command, isJSSpace),
+		NodeID:         jsstr.Trim(*p.NodeID),
+		Command:        jsstr.Trim(*p.Command),
 		IdempotencyKey: *p.IdempotencyKey,
 	}
 	if inv.NodeID == "" || inv.Command == "" {
@@ -216,7 +217,7 @@ func ParseNodeInvokeResult(raw json.RawMessage) (NodeInvokeResult, *Error) {
 // ParsePayloadJSON turns a payloadJSON string into JSON bytes; text that is
 // not JSON becomes {"payloadJSON": text}; blank text gives nil.
 func ParsePayloadJSON(s string) json.RawMessage {
-	t := strings.TrimFunc(s, isJSSpace)
+	t := jsstr.Trim(s)
 	if t == "" {
 		return nil
 	}

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"unicode/utf8"
+
+	"github.com/xiaoclaw/xiaoclaw/pkg/occlient"
 )
 
 // capturedFrame is one line of testdata/frames.jsonl: frames captured
@@ -107,9 +109,10 @@ func TestVerifyDeviceRefusalsInOpenClawOrder(t *testing.T) {
 func TestVerifyDeviceAcceptsV2AndPEM(t *testing.T) {
 	_, priv, _ := ed25519.GenerateKey(nil)
 	p, _ := ParseConnect(mustRequest(t, loadFrames(t)[10]).Params)
-	SignDevice(p, priv, "n-1", 1000)
-	// Re-sign with the v2 payload (no platform/deviceFamily), as older clients do.
-	v2 := SignaturePayloadV2(*p.Device.ID, "node-host", "node", "node", []string{}, 1000, *p.Auth.Token, "n-1")
+	id, signedAt, nonce := occlient.DeviceID(priv.Public().(ed25519.PublicKey)), int64(1000), "n-1"
+	p.Device = &DeviceProof{ID: &id, SignedAt: &signedAt, Nonce: &nonce}
+	// Sign the v2 payload (no platform/deviceFamily), as older clients do.
+	v2 := occlient.SignaturePayloadV2(*p.Device.ID, "node-host", "node", "node", []string{}, 1000, *p.Auth.Token, "n-1")
 	sig := b64(ed25519.Sign(priv, []byte(v2)))
 	p.Device.Signature = &sig
 	der, _ := x509.MarshalPKIXPublicKey(priv.Public())
@@ -122,20 +125,6 @@ func TestVerifyDeviceAcceptsV2AndPEM(t *testing.T) {
 }
 
 func b64(b []byte) string { return base64.RawURLEncoding.EncodeToString(b) }
-
-func TestNormalizeMetadataMatchesJavaScript(t *testing.T) {
-	for in, want := range map[string]string{
-		" Linux ":      "linux",
-		"\ufeffDarwin": "darwin",
-		"\u0085Mac":    "\u0085mac", // JS trim keeps U+0085
-		"ÄBC":          "Äbc",       // only ASCII is lower-cased
-		"":             "",
-	} {
-		if got := NormalizeMetadata(in); got != want {
-			t.Errorf("NormalizeMetadata(%q) = %q, want %q", in, got, want)
-		}
-	}
-}
 
 func TestParseConnectValidation(t *testing.T) {
 	cli := string(loadFrames(t)[2])

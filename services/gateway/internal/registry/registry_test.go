@@ -10,21 +10,13 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/xiaoclaw/xiaoclaw/pkg/natsembed"
+	"github.com/xiaoclaw/xiaoclaw/pkg/natsembed/natsembedtest"
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
 )
 
 func TestWatchedCopyServesOnlyWhatTheKeyAllows(t *testing.T) {
-	ns, err := natsembed.Start(natsembed.Config{StoreDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ns.Shutdown()
-	nc, err := ns.Connect("registry")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
+	ns := natsembedtest.Start(t)
+	nc := natsembedtest.Connect(t, ns, "registry")
 	js, _ := jetstream.New(nc)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

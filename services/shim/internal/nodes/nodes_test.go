@@ -11,7 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/xiaoclaw/xiaoclaw/pkg/natsembed"
+	"github.com/xiaoclaw/xiaoclaw/pkg/natsembed/natsembedtest"
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
 	"github.com/xiaoclaw/xiaoclaw/services/shim/internal/catalog"
 )
@@ -120,16 +120,8 @@ func TestResyncKeepsCatalogAndName(t *testing.T) {
 
 func openRegistry(t *testing.T, opts Options) (*Registry, *nats.Conn) {
 	t.Helper()
-	srv, err := natsembed.Start(natsembed.Config{StoreDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Shutdown)
-	nc, err := srv.Connect("test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
+	srv := natsembedtest.Start(t)
+	nc := natsembedtest.Connect(t, srv, "test")
 	r, err := Open(context.Background(), nc, slog.New(slog.NewTextHandler(io.Discard, nil)), catalog.NewSchemas(0), opts)
 	if err != nil {
 		t.Fatal(err)
