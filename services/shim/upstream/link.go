@@ -47,6 +47,7 @@ const (
 	detailAuthRateLimited  = "AUTH_RATE_LIMITED"
 	errNotPaired           = "NOT_PAIRED"
 	eventInvokeRequest     = "node.invoke.request"
+	eventInvokeCancel      = "node.invoke.cancel"
 	eventShutdown          = "shutdown"
 	methodInvokeResult     = "node.invoke.result"
 	methodNodeEvent        = "node.event"
@@ -155,6 +156,9 @@ type link struct {
 	conn *occlient.Client // while online
 
 	inflight atomic.Int32 // invokes from the upstream not answered yet
+
+	callsMu sync.Mutex
+	calls   map[string]context.CancelFunc // invoke id -> its cancel, while running
 
 	catMu sync.Mutex // guards cat; never held with mu
 	cat   catalogState
@@ -471,6 +475,8 @@ func (l *link) onEvent(ref *clientRef, shutdown chan struct{}, ev occlient.Event
 	switch ev.Event {
 	case eventInvokeRequest:
 		go l.handleInvoke(ref, ev.Payload)
+	case eventInvokeCancel:
+		l.cancelInvoke(ev.Payload)
 	case eventShutdown:
 		select {
 		case shutdown <- struct{}{}:
@@ -572,9 +578,17 @@ func (l *link) handleInvoke(ref *clientRef, raw json.RawMessage) {
 	defer l.inflight.Add(-1)
 	if res.Error == nil {
 		ctx, cancel := context.WithTimeout(context.Background(), req.timeout)
+		ctx, cancelled := context.WithCancelCause(ctx)
+		l.track(req.id, func() { cancelled(errInvokeCancelled) })
 		payload, fault := l.cfg.invoker.Invoke(ctx, Call{Upstream: l.cfg.upstream.Name, Tenant: l.cfg.upstream.Tenant,
 			NodeID: l.cfg.node.NodeID, Command: req.command, Params: req.params, IdempotencyKey: req.idempotencyKey})
+		l.untrack(req.id)
+		wasCancelled := errors.Is(context.Cause(ctx), errInvokeCancelled)
+		cancelled(nil)
 		cancel()
+		if wasCancelled {
+			return // the upstream gave the call up: it waits for no result
+		}
 		if fault != nil {
 			res.Error = &resultError{Code: fault.Code, Message: fault.Message}
 		} else {
@@ -593,6 +607,47 @@ func (l *link) handleInvoke(ref *clientRef, raw json.RawMessage) {
 	}
 	if _, err := c.Call(ctx, methodInvokeResult, res); err != nil {
 		l.cfg.log.Info("node.invoke.result not delivered", "upstream", l.cfg.upstream.Name, "node", l.cfg.node.NodeID, "err", err)
+	}
+}
+
+// errInvokeCancelled is the cause of a call the upstream cancelled.
+var errInvokeCancelled = errors.New("cancelled by the upstream (node.invoke.cancel)")
+
+// track makes a running call cancellable by its invoke id.
+func (l *link) track(id string, cancel context.CancelFunc) {
+	l.callsMu.Lock()
+	defer l.callsMu.Unlock()
+	if l.calls == nil {
+		l.calls = map[string]context.CancelFunc{}
+	}
+	l.calls[id] = cancel
+}
+
+func (l *link) untrack(id string) {
+	l.callsMu.Lock()
+	defer l.callsMu.Unlock()
+	delete(l.calls, id)
+}
+
+// cancelInvoke handles node.invoke.cancel {invokeId, nodeId} (protocol 4):
+// the upstream's caller gave up, so the call stops waiting for xiaoclaw's
+// gateway and frees its place among the link's calls in flight. A device
+// that already received the call still runs it to the end (MCP tools/call
+// has no cancel a XiaoZhi device honours). An unknown id is ignored: the
+// call has ended already.
+func (l *link) cancelInvoke(raw json.RawMessage) {
+	var p struct {
+		InvokeID string `json:"invokeId"`
+	}
+	if json.Unmarshal(raw, &p) != nil || p.InvokeID == "" {
+		l.cfg.log.Debug("malformed node.invoke.cancel from upstream", "upstream", l.cfg.upstream.Name)
+		return
+	}
+	l.callsMu.Lock()
+	cancel := l.calls[p.InvokeID]
+	l.callsMu.Unlock()
+	if cancel != nil {
+		cancel()
 	}
 }
 

@@ -431,3 +431,30 @@ func TestLinksOfOneUpstreamBoundTheirHandshakes(t *testing.T) {
 		t.Fatalf("at most %d handshakes at once: the bound is not used", gw.maxOpen)
 	}
 }
+
+func TestLinkStopsACallTheUpstreamCancels(t *testing.T) {
+	gw := newFakeGateway(t)
+	inv := &blockingInvoker{started: make(chan struct{}, 64), release: make(chan struct{})}
+	l := startLink(t, gw, fastTiming, inv)
+	c := gw.next(t)
+	waitState(t, l, StateOnline)
+	invoke := func(id string) {
+		c.send(t, "node.invoke.request", map[string]any{"id": id, "nodeId": c.params.Device.ID,
+			"command": "mcp.tools.list", "paramsJSON": nil, "timeoutMs": 60000, "idempotencyKey": id})
+	}
+	invoke("cancelled")
+	<-inv.started
+	c.send(t, "node.invoke.cancel", map[string]any{"invokeId": "unknown", "nodeId": c.params.Device.ID})
+	c.send(t, "node.invoke.cancel", map[string]any{"invokeId": "cancelled", "nodeId": c.params.Device.ID})
+	eventually.True(t, "the cancelled call to give up its place in flight", func() bool { return l.inflight.Load() == 0 })
+
+	// The next result the upstream hears is the next call's: the cancelled
+	// one is not answered.
+	close(inv.release)
+	invoke("next")
+	var res invokeResult
+	_ = json.Unmarshal(c.request(t, "node.invoke.result"), &res)
+	if res.ID != "next" || !res.OK {
+		t.Fatalf("result after a cancel: %+v", res)
+	}
+}
