@@ -463,7 +463,9 @@ func (l *link) dial(ctx context.Context, s *session) (*occlient.Client, error) {
 			opts.MinProtocol, opts.MaxProtocol, opts.DeviceFamily = protocolNodeMinimum, protocolNodeMinimum, ""
 			continue
 		}
-		if dctx.Err() != nil && ctx.Err() == nil && oe == nil {
+		// dctx is cancelled by now; only a passed deadline is a timeout
+		// (a refused connection fails at once with its own error).
+		if errors.Is(dctx.Err(), context.DeadlineExceeded) && ctx.Err() == nil && oe == nil {
 			return nil, errors.New("connect timed out after " + l.cfg.timing.ConnectTimeout.String())
 		}
 		return nil, err
