@@ -237,8 +237,7 @@ func printBanner(w io.Writer, st *devstack.Stack, c devCredentials, f *devFlags)
 	default:
 		fmt.Fprintf(&b, "  nats       in-process only (--nats-listen exposes it, with a password)\n")
 	}
-	if len(st.Upstreams) > 0 {
-		u := st.UpstreamConfig()
+	if u := st.UpstreamConfig(); u.URL != "" {
 		fmt.Fprintf(&b, "  upstream   %s publishes every device (policy principal %s)\n", u.URL, upstream.Principal(u.Name))
 	}
 	fmt.Fprintln(&b)
