@@ -481,9 +481,14 @@ func TestListChangedReachesTheSessionsInScope(t *testing.T) {
 	// A kitchen change reaches the tenant and the kitchen group.
 	h.nodes.set(device("acme", "xz-1", "Kitchen", "self.a", "self.c"))
 	eventually.True(t, "list_changed for the kitchen", func() bool { return count(tenant) == 2 && count(kitchen) == 1 })
-	time.Sleep(100 * time.Millisecond) // give a wrong notification the time to arrive
-	if count(desk) != 1 || count(other) != 0 || count(tenant) != 2 {
-		t.Errorf("notifications: tenant %d kitchen %d desk %d other tenant %d; want 2 1 1 0",
+	// Fences: a later change that the desk's session and the other
+	// tenant's session each hear. A session hears its notifications in
+	// order, so a wrong one from the changes above arrives before its fence.
+	h.nodes.set(device("acme", "xz-2", "Desk", "self.b"))
+	h.nodes.set(device("beta", "xz-9", "Other", "self.z"))
+	eventually.True(t, "the fences", func() bool { return count(tenant) >= 3 && count(desk) >= 2 && count(other) >= 1 })
+	if count(tenant) != 3 || count(kitchen) != 1 || count(desk) != 2 || count(other) != 1 {
+		t.Errorf("notifications: tenant %d kitchen %d desk %d other tenant %d; want 3 1 2 1",
 			count(tenant), count(kitchen), count(desk), count(other))
 	}
 }
