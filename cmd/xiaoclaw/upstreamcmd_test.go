@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/xiaoclaw/xiaoclaw/cmd/xiaoclaw/internal/devstack"
+	"github.com/xiaoclaw/xiaoclaw/pkg/eventually"
 	"github.com/xiaoclaw/xiaoclaw/pkg/natsauth"
 	"github.com/xiaoclaw/xiaoclaw/pkg/xzsim"
 	"github.com/xiaoclaw/xiaoclaw/services/shim/upstream"
@@ -46,23 +47,21 @@ func TestUpstreamStatusCLI(t *testing.T) {
 	env := func(k string) string {
 		return map[string]string{"XIAOCLAW_NATS_URL": st.NATSURL(), natsauth.EnvUser: devstack.NATSUser, natsauth.EnvPassword: natsPassword}[k]
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		var out, errb bytes.Buffer
-		code := run(ctx, []string{"upstream", "status"}, env, &out, &errb)
-		if code == exitOK && strings.Contains(out.String(), "disabled") {
-			if !strings.Contains(out.String(), "xz-02aa00000007") || !strings.Contains(out.String(), "lab") ||
-				strings.Contains(out.String(), "wrong-token") {
-				t.Fatalf("status:\n%s", out.String())
-			}
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no disabled link: exit %d\n%s%s", code, out.String(), errb.String())
-		}
-		time.Sleep(50 * time.Millisecond) // polling a state
+	var out, errb bytes.Buffer
+	var code int
+	if !eventually.Until(eventually.Limit, func() bool {
+		out.Reset()
+		errb.Reset()
+		code = run(ctx, []string{"upstream", "status"}, env, &out, &errb)
+		return code == exitOK && strings.Contains(out.String(), "disabled")
+	}) {
+		t.Fatalf("no disabled link: exit %d\n%s%s", code, out.String(), errb.String())
 	}
-	var errb bytes.Buffer
+	if !strings.Contains(out.String(), "xz-02aa00000007") || !strings.Contains(out.String(), "lab") ||
+		strings.Contains(out.String(), "wrong-token") {
+		t.Fatalf("status:\n%s", out.String())
+	}
+	errb.Reset()
 	if code := run(ctx, []string{"upstream", "status"}, func(string) string { return "" }, &bytes.Buffer{}, &errb); code != exitUsage {
 		t.Fatalf("without --nats-url: exit %d %s", code, errb.String())
 	}

@@ -27,13 +27,22 @@ func True(t testing.TB, what string, cond func() bool) {
 // Within polls cond until it holds, failing t after d.
 func Within(t testing.TB, d time.Duration, what string, cond func() bool) {
 	t.Helper()
+	if !Until(d, cond) {
+		t.Fatalf("timed out after %v waiting for %s", d, what)
+	}
+}
+
+// Until polls cond until it holds or d has passed, and reports whether it
+// held: for a caller whose failure names what cond last saw.
+func Until(d time.Duration, cond func() bool) bool {
 	deadline := time.Now().Add(d)
 	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
+			return false
 		}
 		time.Sleep(pollEvery)
 	}
+	return true
 }
 
 // Closed waits until ch is closed (or receives), failing t after Limit.

@@ -50,3 +50,13 @@ func TestWithinFailsAfterTheDeadline(t *testing.T) {
 		t.Fatal("Within returned without failing for a condition that never holds")
 	}
 }
+
+func TestUntilReportsWhetherTheConditionHeld(t *testing.T) {
+	var n atomic.Int32
+	if !eventually.Until(eventually.Limit, func() bool { return n.Add(1) == 3 }) {
+		t.Fatal("Until gave up on a condition that held at the third look")
+	}
+	if eventually.Until(20*time.Millisecond, func() bool { return false }) {
+		t.Fatal("Until reported a condition that never holds as held")
+	}
+}

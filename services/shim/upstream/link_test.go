@@ -75,17 +75,11 @@ func startLink(t *testing.T, gw *fakeGateway, timing Timing, inv Invoker) *link 
 
 func waitState(t *testing.T, l *link, want State) Status {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		st := l.Status()
-		if st.State == want {
-			return st
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("state %s (last error %q), want %s", st.State, st.LastError, want)
-		}
-		time.Sleep(5 * time.Millisecond)
+	var st Status
+	if !eventually.Until(eventually.Limit, func() bool { st = l.Status(); return st.State == want }) {
+		t.Fatalf("state %s (last error %q), want %s", st.State, st.LastError, want)
 	}
+	return st
 }
 
 func TestLinkConnectsAsNodeHostAndServesInvokes(t *testing.T) {
@@ -264,7 +258,8 @@ func TestLinkWrongTokenIsDisabledAndDoesNotSpin(t *testing.T) {
 	if strings.Contains(st.LastError, linkToken) {
 		t.Fatal("the status shows the token")
 	}
-	// 20 × BackoffMax: a spinning link would have reconnected many times.
+	// An observation window of 20 × BackoffMax (no event to await): a
+	// spinning link would have reconnected many times in it.
 	time.Sleep(20 * fastTiming.BackoffMax)
 	if n := gw.connectCount(); n != 1 {
 		t.Fatalf("%d connects after an auth refusal, want 1", n)

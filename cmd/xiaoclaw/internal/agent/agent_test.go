@@ -204,32 +204,27 @@ func TestBackgroundWithoutSession(t *testing.T) {
 		t.Fatalf("background answer: %v %q", err, text(r))
 	}
 	// No hub session: the completion waits for the next one.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	var p []byte
+	if !eventually.Until(eventually.Limit, func() bool {
 		a.devMu.Lock()
-		n := len(a.pending)
-		var p []byte
-		if n > 0 {
-			p = a.pending[0]
+		defer a.devMu.Unlock()
+		if len(a.pending) != 1 {
+			return false
 		}
-		a.devMu.Unlock()
-		if n == 1 {
-			var msg struct {
-				Method string
-				Params struct {
-					Tool    string
-					Content []struct{ Text string }
-				}
-			}
-			if json.Unmarshal(p, &msg) != nil || msg.Method != completedNotification || msg.Params.Tool != "bg" || msg.Params.Content[0].Text != "done" {
-				t.Fatalf("pending completion %s", p)
-			}
-			return
+		p = a.pending[0]
+		return true
+	}) {
+		t.Fatal("no completion kept for the next session")
+	}
+	var msg struct {
+		Method string
+		Params struct {
+			Tool    string
+			Content []struct{ Text string }
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("no completion kept for the next session")
-		}
-		time.Sleep(10 * time.Millisecond) // polling for the background run
+	}
+	if json.Unmarshal(p, &msg) != nil || msg.Method != completedNotification || msg.Params.Tool != "bg" || msg.Params.Content[0].Text != "done" {
+		t.Fatalf("pending completion %s", p)
 	}
 }
 

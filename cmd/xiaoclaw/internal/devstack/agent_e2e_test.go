@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/xiaoclaw/xiaoclaw/cmd/xiaoclaw/internal/agent"
+	"github.com/xiaoclaw/xiaoclaw/pkg/eventually"
 	"github.com/xiaoclaw/xiaoclaw/pkg/occlient"
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
 )
@@ -99,17 +100,14 @@ func listedTools(t *testing.T, op *occlient.Client, node string) []string {
 
 func waitTools(t *testing.T, op *occlient.Client, node string, ok func([]string) bool) []string {
 	t.Helper()
-	deadline := time.Now().Add(waitLimit)
-	for {
-		names := listedTools(t, op, node)
-		if names != nil && ok(names) {
-			return names
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("node %s tools never as wanted; last %v", node, names)
-		}
-		time.Sleep(20 * time.Millisecond) // polling node.list for a condition
+	var names []string
+	if !eventually.Until(waitLimit, func() bool {
+		names = listedTools(t, op, node)
+		return names != nil && ok(names)
+	}) {
+		t.Fatalf("node %s tools never as wanted; last %v", node, names)
 	}
+	return names
 }
 
 func has(names []string, want ...string) bool {
@@ -270,12 +268,8 @@ echo "hello $1, args $args, env $(env | grep -c .)"
 			t.Fatal(err)
 		}
 		pid, _ := strconv.Atoi(strings.TrimSpace(string(raw)))
-		deadline := time.Now().Add(waitLimit)
-		for alive(pid) {
-			if time.Now().After(deadline) {
-				t.Fatalf("the tool's child %d outlived the timeout", pid)
-			}
-			time.Sleep(10 * time.Millisecond) // polling for the process to be reaped
+		if !eventually.Until(waitLimit, func() bool { return !alive(pid) }) {
+			t.Fatalf("the tool's child %d outlived the timeout", pid)
 		}
 	})
 

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/xiaoclaw/xiaoclaw/pkg/eventually"
 	"github.com/xiaoclaw/xiaoclaw/pkg/occlient"
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
 	"github.com/xiaoclaw/xiaoclaw/pkg/xzsim"
@@ -33,8 +34,8 @@ func (n catalogNode) names() []string {
 // waitCatalog polls node.list until node satisfies ok.
 func waitCatalog(t *testing.T, op *occlient.Client, node string, what string, ok func(catalogNode) bool) catalogNode {
 	t.Helper()
-	deadline := time.Now().Add(waitLimit)
-	for {
+	var last catalogNode
+	if !eventually.Until(waitLimit, func() bool {
 		raw, err := op.Call(context.Background(), "node.list", map[string]any{})
 		if err != nil {
 			t.Fatalf("node.list: %v", err)
@@ -48,20 +49,19 @@ func waitCatalog(t *testing.T, op *occlient.Client, node string, what string, ok
 		if err := json.Unmarshal(raw, &res); err != nil {
 			t.Fatal(err)
 		}
-		var last catalogNode
 		for _, n := range res.Nodes {
 			if n.NodeID == node {
 				last = n.catalogNode
 				if ok(last) {
-					return last
+					return true
 				}
 			}
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("node %s not %s within %s; listed: %+v", node, what, waitLimit, last)
-		}
-		time.Sleep(20 * time.Millisecond) // polling node.list for a condition
+		return false
+	}) {
+		t.Fatalf("node %s not %s within %s; listed: %+v", node, what, waitLimit, last)
 	}
+	return last
 }
 
 // A node that reconnects is listed at once with its last catalog, marked

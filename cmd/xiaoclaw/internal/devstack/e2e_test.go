@@ -107,22 +107,17 @@ func listNodes(t testing.TB, c *occlient.Client) map[string]listedNode {
 // with connected=false, listed as disconnected or gone).
 func waitNodes(t testing.TB, c *occlient.Client, connected bool, ids ...string) {
 	t.Helper()
-	deadline := time.Now().Add(waitLimit)
-	for {
-		nodes := listNodes(t, c)
-		ok := true
+	var nodes map[string]listedNode
+	if !eventually.Until(waitLimit, func() bool {
+		nodes = listNodes(t, c)
 		for _, id := range ids {
 			if nodes[id].Connected != connected {
-				ok = false
+				return false
 			}
 		}
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("nodes %v not connected=%v within %s; listed: %v", ids, connected, waitLimit, nodes)
-		}
-		time.Sleep(20 * time.Millisecond) // polling node.list for a condition
+		return true
+	}) {
+		t.Fatalf("nodes %v not connected=%v within %s; listed: %v", ids, connected, waitLimit, nodes)
 	}
 }
 

@@ -16,6 +16,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/deviceauth"
+	"github.com/xiaoclaw/xiaoclaw/pkg/eventually"
 	"github.com/xiaoclaw/xiaoclaw/pkg/tenancy"
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
 	"github.com/xiaoclaw/xiaoclaw/services/devicehub"
@@ -203,12 +204,8 @@ func TestEndpointKeptAliveByHubPings(t *testing.T) {
 	node := wire.DeviceNodeID("quiet-host")
 	waitTools(t, op, node, func(n []string) bool { return has(n, "still") })
 	// Stay silent for three idle limits: only the hub's pings keep the session.
-	deadline := time.Now().Add(waitLimit)
-	for pings.Load() < 6 {
-		if time.Now().After(deadline) {
-			t.Fatalf("only %d pings from the hub", pings.Load())
-		}
-		time.Sleep(20 * time.Millisecond) // polling for the hub's pings
+	if !eventually.Until(waitLimit, func() bool { return pings.Load() >= 6 }) {
+		t.Fatalf("only %d pings from the hub", pings.Load())
 	}
 	if p, err := invokeText(t, op, node, "still", map[string]any{}); err != nil || p.text() != "yes" {
 		t.Fatalf("after %d pings: %v %+v", pings.Load(), err, p)

@@ -141,16 +141,13 @@ func TestServicesWorkUnderTheChartsNATSPermissions(t *testing.T) {
 	if d.Volume() != 42 {
 		t.Fatalf("volume %d", d.Volume())
 	}
-	deadline := time.Now().Add(waitLimit)
-	for {
-		p, err := st.Tenancy.AuditStore.Query(context.Background(), audit.Query{Tenant: DevTenant, Kind: audit.KindInvoke})
-		if err == nil && len(p.Events) > 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the call was not audited under the gateway's permissions (%v)", err)
-		}
-		time.Sleep(20 * time.Millisecond)
+	var err error
+	if !eventually.Until(waitLimit, func() bool {
+		var p audit.Page
+		p, err = st.Tenancy.AuditStore.Query(context.Background(), audit.Query{Tenant: DevTenant, Kind: audit.KindInvoke})
+		return err == nil && len(p.Events) > 0
+	}) {
+		t.Fatalf("the call was not audited under the gateway's permissions (%v)", err)
 	}
 	if v := violations.list(); len(v) > 0 {
 		t.Fatalf("services hit denied subjects: %v", v)
@@ -170,14 +167,12 @@ func TestServicesWorkUnderTheChartsNATSPermissions(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = nc.Flush() // the violations arrive asynchronously
-	for deadline := time.Now().Add(waitLimit); ; time.Sleep(10 * time.Millisecond) {
-		got := strings.Join(violations.list(), "\n")
-		if strings.Contains(got, `Publish to "xc.dev.node.invoke"`) && strings.Contains(got, `Subscription to "_INBOX_gateway.>"`) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("permission violations seen: %q", got)
-		}
+	var got string
+	if !eventually.Until(waitLimit, func() bool {
+		got = strings.Join(violations.list(), "\n")
+		return strings.Contains(got, `Publish to "xc.dev.node.invoke"`) && strings.Contains(got, `Subscription to "_INBOX_gateway.>"`)
+	}) {
+		t.Fatalf("permission violations seen: %q", got)
 	}
 	if d.Volume() != 42 {
 		t.Fatalf("the device obeyed a call from the devicehub's credentials: volume %d", d.Volume())

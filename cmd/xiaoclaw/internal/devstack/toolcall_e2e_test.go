@@ -7,9 +7,9 @@ import (
 	"fmt"
 	"reflect"
 	"testing"
-	"time"
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/audit"
+	"github.com/xiaoclaw/xiaoclaw/pkg/eventually"
 	"github.com/xiaoclaw/xiaoclaw/pkg/occlient"
 	"github.com/xiaoclaw/xiaoclaw/pkg/tenancy"
 	"github.com/xiaoclaw/xiaoclaw/pkg/xzsim"
@@ -183,22 +183,23 @@ func TestToolPolicyEverySpelling(t *testing.T) {
 // auditRow polls the audit store for the node.invoke with key.
 func auditRow(t *testing.T, st *Stack, tenant, node, key string) audit.Event {
 	t.Helper()
-	deadline := time.Now().Add(waitLimit)
-	for {
+	var row audit.Event
+	if !eventually.Until(waitLimit, func() bool {
 		page, err := st.Tenancy.AuditStore.Query(context.Background(), audit.Query{Tenant: tenant, Node: node, Kind: audit.KindInvoke, Limit: audit.MaxLimit})
 		if err != nil {
 			t.Fatal(err)
 		}
 		for _, e := range page.Events {
 			if e.IdempotencyKey == key {
-				return e
+				row = e
+				return true
 			}
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no audit row for idempotency key %s within %s", key, waitLimit)
-		}
-		time.Sleep(20 * time.Millisecond) // polling the store the audit writer fills
+		return false
+	}) {
+		t.Fatalf("no audit row for idempotency key %s within %s", key, waitLimit)
 	}
+	return row
 }
 
 func sameJSON(a []byte, b string) bool {

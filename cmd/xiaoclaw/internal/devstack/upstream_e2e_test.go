@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/xiaoclaw/xiaoclaw/pkg/eventually"
 	"github.com/xiaoclaw/xiaoclaw/pkg/occlient"
 	"github.com/xiaoclaw/xiaoclaw/pkg/tenancy"
 	"github.com/xiaoclaw/xiaoclaw/services/shim/upstream"
@@ -26,10 +27,11 @@ type upstreamNode struct {
 // platform xiaozhi.
 func waitUpstreamNode(t *testing.T, c *occlient.Client) upstreamNode {
 	t.Helper()
-	deadline := time.Now().Add(waitLimit)
-	for {
-		raw, err := c.Call(context.Background(), "node.list", map[string]any{})
-		if err != nil {
+	var raw json.RawMessage
+	var found upstreamNode
+	if !eventually.Until(waitLimit, func() bool {
+		var err error
+		if raw, err = c.Call(context.Background(), "node.list", map[string]any{}); err != nil {
 			t.Fatalf("node.list upstream: %v", err)
 		}
 		var res struct {
@@ -38,14 +40,15 @@ func waitUpstreamNode(t *testing.T, c *occlient.Client) upstreamNode {
 		_ = json.Unmarshal(raw, &res)
 		for _, n := range res.Nodes {
 			if n.Platform == upstream.Platform && n.Connected {
-				return n
+				found = n
+				return true
 			}
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no xiaozhi node connected upstream within %s: %s", waitLimit, raw)
-		}
-		time.Sleep(20 * time.Millisecond) // polling node.list for a condition
+		return false
+	}) {
+		t.Fatalf("no xiaozhi node connected upstream within %s: %s", waitLimit, raw)
 	}
+	return found
 }
 
 // TestUpstreamModeThroughAnOpenClawGateway publishes a stack's devices to
@@ -66,16 +69,11 @@ func TestUpstreamModeThroughAnOpenClawGateway(t *testing.T) {
 	}
 	// The upstream lists the node before its hello-ok reaches the link.
 	var st []upstream.Status
-	deadline := time.Now().Add(waitLimit)
-	for {
+	if !eventually.Until(waitLimit, func() bool {
 		st = home.Upstreams[0].Status()
-		if len(st) == 1 && st[0].State == upstream.StateOnline {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("link status %+v", st)
-		}
-		time.Sleep(5 * time.Millisecond) // polling a state
+		return len(st) == 1 && st[0].State == upstream.StateOnline
+	}) {
+		t.Fatalf("link status %+v", st)
 	}
 	if st[0].DeviceID != n.NodeID {
 		t.Fatalf("link status %+v, upstream node %s", st, n.NodeID)
@@ -97,14 +95,11 @@ func TestUpstreamModeThroughAnOpenClawGateway(t *testing.T) {
 		Subject: upstream.Principal("lab"), Object: "*", Action: "mcp.tools.call:self.reboot"}); err != nil {
 		t.Fatal(err)
 	}
-	deadline = time.Now().Add(waitLimit)
-	for {
+	// The rule reaches the policy cache asynchronously.
+	eventually.Until(waitLimit, func() bool {
 		_, err = callTool(ctx, remote, n.NodeID, "self.reboot", map[string]any{}, 5*time.Second)
-		if err != nil || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(50 * time.Millisecond) // the rule reaches the policy cache asynchronously
-	}
+		return err != nil
+	})
 	if err == nil || !strings.Contains(err.Error(), "POLICY_DENIED") || !strings.Contains(err.Error(), "denied by policy") {
 		t.Fatalf("want the upstream call refused by policy, got %v", err)
 	}
@@ -118,18 +113,12 @@ func TestUpstreamModeThroughAnOpenClawGateway(t *testing.T) {
 
 	// The device leaves: its node goes offline upstream.
 	dev.Close()
-	deadline = time.Now().Add(waitLimit)
-	for {
-		raw, err := remote.Call(ctx, "node.list", map[string]any{})
-		if err != nil {
+	if !eventually.Until(waitLimit, func() bool {
+		if raw, err = remote.Call(ctx, "node.list", map[string]any{}); err != nil {
 			t.Fatal(err)
 		}
-		if !strings.Contains(string(raw), `"connected":true`) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("node still connected upstream after the device left: %s", raw)
-		}
-		time.Sleep(20 * time.Millisecond) // polling node.list for a condition
+		return !strings.Contains(string(raw), `"connected":true`)
+	}) {
+		t.Fatalf("node still connected upstream after the device left: %s", raw)
 	}
 }
