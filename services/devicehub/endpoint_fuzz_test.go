@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/xiaoclaw/xiaoclaw/pkg/eventually"
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
 )
 
@@ -54,18 +55,12 @@ func FuzzEndpointFrame(f *testing.F) {
 		s.handleMCP(frame)
 		// A re-list runs in the background; wait for it to give up (its
 		// write fails at once) before reading what was sent.
-		deadline := time.Now().Add(5 * time.Second)
-		for {
+		if !eventually.Until(5*time.Second, func() bool {
 			s.mu.Lock()
-			running := s.relist.running
-			s.mu.Unlock()
-			if !running {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatal("re-list never ended")
-			}
-			time.Sleep(time.Millisecond) // polling for the background re-list
+			defer s.mu.Unlock()
+			return !s.relist.running
+		}) {
+			t.Fatal("re-list never ended")
 		}
 		conn.mu.Lock()
 		defer conn.mu.Unlock()

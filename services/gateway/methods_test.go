@@ -9,11 +9,11 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/nats-io/nats.go"
 
 	"github.com/xiaoclaw/xiaoclaw/pkg/access"
+	"github.com/xiaoclaw/xiaoclaw/pkg/eventually"
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
 	"github.com/xiaoclaw/xiaoclaw/services/gateway"
 	"github.com/xiaoclaw/xiaoclaw/services/gateway/internal/gwtest"
@@ -212,30 +212,29 @@ func (r *recorder) failWith(err error) {
 // accepted attempt has its outcome (a sent call's outcome is recorded after
 // its answer, so records need not come in the order of the calls).
 func (r *recorder) last() gateway.InvokeAudit {
-	deadline := time.Now().Add(waitFor)
-	for {
+	eventually.Until(waitFor, func() bool {
 		r.mu.Lock()
+		defer r.mu.Unlock()
 		done := map[string]bool{}
 		for _, a := range r.all {
 			done[a.CallID] = true
 		}
-		missing := false
 		for _, a := range r.attempts {
-			missing = missing || !done[a.CallID]
-		}
-		if !missing || time.Now().After(deadline) {
-			defer r.mu.Unlock()
-			newest := r.all[0]
-			for _, a := range r.all[1:] {
-				if a.Time.After(newest.Time) {
-					newest = a
-				}
+			if !done[a.CallID] {
+				return false
 			}
-			return newest
 		}
-		r.mu.Unlock()
-		time.Sleep(5 * time.Millisecond)
+		return true
+	})
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	newest := r.all[0]
+	for _, a := range r.all[1:] {
+		if a.Time.After(newest.Time) {
+			newest = a
+		}
 	}
+	return newest
 }
 
 func TestInvokeOutcomes(t *testing.T) {

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/xiaoclaw/xiaoclaw/pkg/eventually"
 	"github.com/xiaoclaw/xiaoclaw/pkg/telemetry"
 	"github.com/xiaoclaw/xiaoclaw/pkg/telemetry/telemetrytest"
 	"github.com/xiaoclaw/xiaoclaw/pkg/wire"
@@ -78,25 +79,22 @@ func (e *env) flood(t *testing.T, tenant string, nodes []string, h nats.Header, 
 			mu.Unlock()
 		}()
 	}
-	deadline := time.Now().Add(waitFor)
-	for {
-		seen := 0
+	var seen, done int
+	if !eventually.Until(waitFor, func() bool {
+		seen = 0
 		for _, d := range devices {
 			seen += len(d.seen())
 		}
 		mu.Lock()
-		done := len(replies)
+		done = len(replies)
 		mu.Unlock()
-		if seen+done >= calls {
-			mu.Lock()
-			defer mu.Unlock()
-			return append([]wire.InvokeReply(nil), replies...)
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("of %d calls, %d reached a device and %d were answered", calls, seen, done)
-		}
-		time.Sleep(2 * time.Millisecond)
+		return seen+done >= calls
+	}) {
+		t.Fatalf("of %d calls, %d reached a device and %d were answered", calls, seen, done)
 	}
+	mu.Lock()
+	defer mu.Unlock()
+	return append([]wire.InvokeReply(nil), replies...)
 }
 
 // wantRefusal checks a reply is the typed refusal of a limit.
